@@ -1,0 +1,53 @@
+"""Shared trainer fixtures: one generated corpus, tokenizer and prepared dataset per test session.
+
+Built with the trainer's own data functions (no downloads), once, in a session tmp dir, so every
+trainer test (data, metrics, core) reads the same small, deterministic inputs.
+"""
+
+import pathlib
+
+import pytest
+
+# Small enough to build in a few seconds on 2 CPU cores, large enough for a few packed batches
+# and a held-out eval split.
+NUM_STORIES = 400
+VOCAB_SIZE = 512
+
+
+@pytest.fixture(scope="session")
+def trainer_inputs_dir(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("trainer_inputs")
+
+
+@pytest.fixture(scope="session")
+def corpus_path(trainer_inputs_dir) -> pathlib.Path:
+    """A raw text corpus: stories separated by `trainer.corpus.SEPARATOR`."""
+    from trainer.corpus import write_corpus
+
+    return write_corpus(trainer_inputs_dir / "corpus.txt", num_stories=NUM_STORIES, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(trainer_inputs_dir, corpus_path) -> pathlib.Path:
+    """A SentencePiece model trained on the corpus (PAD 0, EOS 1, BOS 2, UNK 3)."""
+    from trainer.tokenizer import train_tokenizer
+
+    return train_tokenizer(corpus_path, trainer_inputs_dir / "tokenizer.model", vocab_size=VOCAB_SIZE, seed=0)
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(trainer_inputs_dir, corpus_path, tokenizer_path) -> pathlib.Path:
+    """The corpus tokenized into sharded ArrayRecord files plus meta.json (`trainer.prepare`)."""
+    from trainer.prepare import prepare
+
+    output_dir = trainer_inputs_dir / "prepared"
+    prepare(corpus_path, tokenizer_path, output_dir)
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def tokenized_data(prepared_dir, tokenizer_path, trainer_inputs_dir):
+    """`trainer.data.TokenizedData` opened from the prepared directory."""
+    from trainer.data import open_data
+
+    return open_data(str(prepared_dir), tokenizer_path=str(tokenizer_path), cache_dir=str(trainer_inputs_dir / "cache"))

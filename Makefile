@@ -1,0 +1,29 @@
+# The README's commands. Each target sets up what it needs (a Python 3.12 virtualenv in .venv).
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# gemma 4 needs Python 3.12: take the first interpreter that really is 3.12 (a pyenv shim may not be).
+PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
+
+.PHONY: help setup test demo
+help:
+	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
+	@echo "make test   the test suite (offline)"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt trainer/requirements.txt requirements-dev.txt
+	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
+	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m trainer --preset tiny --workdir runs/demo

@@ -1,0 +1,358 @@
+"""The typed stack configuration: the only reader of `pulumi.Config`.
+
+`parse_stack_config` turns the `config:` section of a stack file into a `StackConfig` and validates
+it before any resource is declared; `load_stack_file` (preview, tests, workloads' render) and
+`from_pulumi` (the Pulumi program) feed it. Every problem raises one `ConfigError` whose message
+names the key as written in the stack file and the allowed values.
+"""
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra import tpu
+from infra.tpu import SliceSpec
+from infra.errors import ConfigError
+
+PROJECT = "gemma-tpu"  # the Pulumi project name, the namespace of this program's keys
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml and the stack files live
+
+CLUSTER_MODES = ("standard", "autopilot")
+CAPACITIES = ("on-demand", "spot", "reservation", "flex-start")
+# Autopilot picks capacity from each pod's node selectors; this project wires on-demand and Spot
+# there. Reservations and flex-start need node pool settings, so they are Standard-only here.
+CAPACITIES_BY_MODE = {"standard": CAPACITIES, "autopilot": ("on-demand", "spot")}
+MODELS = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "gemma3-12b", "gemma3-27b", "tiny")
+WEIGHTS = ("official", "random")  # or a gs:// checkpoint
+TINYSTORIES_URL = (
+    "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt"
+)
+SEQ_LEN_RANGE = (16, 32768)  # Gemma 3's shortest context window is 32K tokens
+LORA_RANK_MAX = 1024
+# Kubernetes names (DNS-1123 labels). Run names stay short because JobSet pod hostnames append
+# "-<replicatedjob>-<job>-<pod>" to them and a hostname is at most 63 characters.
+_DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
+RUN_NAME_MAX = 40
+_PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+CLUSTER_NAME_MAX = 40  # GKE's limit on cluster names
+
+
+@dataclass(frozen=True, kw_only=True)
+class TpuConfig:
+    accelerator: str
+    topology: str
+    slices: int
+    capacity: str
+    reservation: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    model: str
+    weights: str
+    dataset: str
+    seq_len: int
+    batch_size: int  # global, over all hosts of all slices
+    steps: int | None  # None = run `epochs` epochs
+    epochs: int
+    learning_rate: float
+    lora_rank: int  # 0 = full fine-tune
+    checkpoint_interval: int
+    max_restarts: int
+    profiling: bool
+    run_name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackConfig:
+    stack: str
+    project: str
+    region: str
+    zone: str
+    cluster_mode: str  # "standard" | "autopilot"
+    tpu: TpuConfig
+    slice: SliceSpec  # derived from tpu.accelerator + tpu.topology
+    data_bucket: str
+    artifacts_bucket: str
+    force_destroy: bool
+    image: str | None  # None = build trainer/ into the stack's registry
+    namespace: str
+    service_account: str  # the Kubernetes ServiceAccount the training pods run as
+    deletion_protection: bool
+    training: TrainingConfig
+
+    @property
+    def cluster_name(self) -> str:
+        return f"gemma-{self.stack}"
+
+    @property
+    def total_hosts(self) -> int:
+        """Hosts over all slices: the number of training processes."""
+        return self.slice.hosts * self.tpu.slices
+
+    @property
+    def cluster_location(self) -> str:
+        """Standard clusters are zonal (compact placement needs one zone); Autopilot is regional."""
+        return self.zone if self.cluster_mode == "standard" else self.region
+
+
+class _Section:
+    """Typed reads from one mapping of the stack file, remembering which keys were read so that
+    the rest can be reported as unknown."""
+
+    def __init__(self, key: str, values: Any):
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{key} must be a mapping of keys to values, got {values!r}")
+        self._prefix = f"{key}." if key else ""
+        self._values = values
+        self._known: list[str] = []
+
+    def key(self, name: str) -> str:
+        return f"{self._prefix}{name}"
+
+    def _get(self, name: str, default: Any) -> Any:
+        self._known.append(name)
+        value = self._values.get(name)
+        return default if value is None else value
+
+    def text(self, name: str, default: str, choices: tuple[str, ...] = ()) -> str:
+        value = self._get(name, default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self.key(name)} must be a string, got {value!r}")
+        if choices and value not in choices:
+            raise ConfigError(f"{self.key(name)} is {value!r}; choose one of {', '.join(choices)}")
+        return value
+
+    def integer(self, name: str, default: int | None, minimum: int, maximum: int | None = None) -> int | None:
+        value = self._get(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self.key(name)} must be an integer, got {value!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+            raise ConfigError(f"{self.key(name)} is {value}; it must be {bound}")
+        return value
+
+    def number(self, name: str, default: float, above: float, maximum: float) -> float:
+        value = self._get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{self.key(name)} must be a number, got {value!r}")
+        if not above < value <= maximum:
+            raise ConfigError(f"{self.key(name)} is {value}; it must be above {above} and at most {maximum}")
+        return float(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self._get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.key(name)} must be true or false, got {value!r}")
+        return value
+
+    def section(self, name: str) -> "_Section":
+        return _Section(self.key(name), self._get(name, None))
+
+    def reject_unknown(self) -> None:
+        for name in self._values:
+            if name not in self._known:
+                raise ConfigError(
+                    f"{self.key(name)} is not a known key; the keys here are {', '.join(self._known)}"
+                )
+
+
+def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
+    """Validate the `config:` section of `Pulumi.<stack>.yaml` (keys as written there)."""
+    _check_dns_label("the stack name", stack, CLUSTER_NAME_MAX - len("gemma-"))
+    top = _Section("", values)
+    project = top.text("gcp:project", "")
+    region = top.text("gcp:region", "us-east5")
+    zone = top.text("gcp:zone", f"{region}-b")
+    cluster = top.section(f"{PROJECT}:cluster")
+    tpu_section = top.section(f"{PROJECT}:tpu")
+    storage = top.section(f"{PROJECT}:storage")
+    image = top.text(f"{PROJECT}:image", "")
+    namespace = top.text(f"{PROJECT}:namespace", "training")
+    service_account = top.text(f"{PROJECT}:serviceAccount", "trainer")
+    training_section = top.section(f"{PROJECT}:training")
+
+    cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
+    deletion_protection = cluster.flag("deletionProtection", False)
+    tpu_config = TpuConfig(
+        accelerator=tpu_section.text("accelerator", "v6e", tpu.ACCELERATORS),
+        topology=tpu_section.text("topology", "1x1"),
+        slices=tpu_section.integer("slices", 1, minimum=1),
+        capacity=tpu_section.text("capacity", "on-demand", CAPACITIES),
+        reservation=tpu_section.text("reservation", "") or None,
+    )
+    data_bucket = storage.text("dataBucket", "") or f"{project}-{stack}-data"
+    artifacts_bucket = storage.text("artifactsBucket", "") or f"{project}-{stack}-artifacts"
+    force_destroy = storage.flag("forceDestroy", True)
+    training = _parse_training(training_section)
+    for section in (top, cluster, tpu_section, storage, training_section):
+        section.reject_unknown()
+
+    # Values are well-typed and every key is known: now the checks that span keys.
+    if not project:
+        raise ConfigError("gcp:project is required: run `pulumi config set gcp:project YOUR_PROJECT_ID`")
+    if not _PROJECT_ID.match(project):
+        raise ConfigError(f"gcp:project {project!r} is not a Google Cloud project ID (6-30 of a-z, 0-9, -)")
+    if not _REGION.match(region):
+        raise ConfigError(f"gcp:region {region!r} is not a region name such as us-east5")
+    if not re.fullmatch(rf"{re.escape(region)}-[a-z]", zone):
+        raise ConfigError(f"gcp:zone {zone!r} is not in gcp:region {region!r}; use a zone such as {region}-b")
+    try:
+        slice_spec = tpu.slice_spec(tpu_config.accelerator, tpu_config.topology)
+    except ConfigError as error:
+        raise ConfigError(f"{tpu_section.key('topology')}: {error}") from None
+    _check_tpu(tpu_section, tpu_config, slice_spec, cluster_mode)
+    for key, bucket in ((storage.key("dataBucket"), data_bucket), (storage.key("artifactsBucket"), artifacts_bucket)):
+        _check_bucket(key, bucket)
+    if data_bucket == artifacts_bucket:
+        raise ConfigError(f"{storage.key('artifactsBucket')} must differ from {storage.key('dataBucket')}")
+    if any(c.isspace() for c in image):
+        raise ConfigError(f"{PROJECT}:image {image!r} is not an image URI; leave it empty to build trainer/")
+    _check_dns_label(f"{PROJECT}:namespace", namespace, 63)
+    _check_dns_label(f"{PROJECT}:serviceAccount", service_account, 63)
+    total_hosts = slice_spec.hosts * tpu_config.slices
+    if training.batch_size % total_hosts:
+        raise ConfigError(
+            f"{training_section.key('batchSize')} is {training.batch_size}; it must be divisible by the "
+            f"{total_hosts} hosts of {tpu_config.slices} x {slice_spec.topology} slices (each host loads an equal share)"
+        )
+    return StackConfig(
+        stack=stack,
+        project=project,
+        region=region,
+        zone=zone,
+        cluster_mode=cluster_mode,
+        tpu=tpu_config,
+        slice=slice_spec,
+        data_bucket=data_bucket,
+        artifacts_bucket=artifacts_bucket,
+        force_destroy=force_destroy,
+        image=image or None,
+        namespace=namespace,
+        service_account=service_account,
+        deletion_protection=deletion_protection,
+        training=training,
+    )
+
+
+def _parse_training(section: _Section) -> TrainingConfig:
+    weights = section.text("weights", "official")
+    if weights not in WEIGHTS and not weights.startswith("gs://"):
+        raise ConfigError(f"{section.key('weights')} is {weights!r}; choose one of {', '.join(WEIGHTS)} or a gs:// checkpoint")
+    dataset = section.text("dataset", TINYSTORIES_URL)
+    if not dataset.startswith(("https://", "gs://")):
+        raise ConfigError(f"{section.key('dataset')} is {dataset!r}; give an https:// URL or a gs:// path")
+    training = TrainingConfig(
+        model=section.text("model", "gemma3-270m", MODELS),
+        weights=weights,
+        dataset=dataset,
+        seq_len=section.integer("seqLen", 256, *SEQ_LEN_RANGE),
+        batch_size=section.integer("batchSize", 128, minimum=1),
+        steps=section.integer("steps", None, minimum=1),
+        epochs=section.integer("epochs", 1, minimum=1),
+        learning_rate=section.number("learningRate", 2.0e-5, above=0.0, maximum=1.0),
+        lora_rank=section.integer("loraRank", 0, minimum=0, maximum=LORA_RANK_MAX),
+        checkpoint_interval=section.integer("checkpointInterval", 500, minimum=1),
+        max_restarts=section.integer("maxRestarts", 10, minimum=0),
+        profiling=section.flag("profiling", False),
+        run_name=section.text("runName", "gemma-finetune"),
+    )
+    _check_dns_label(section.key("runName"), training.run_name, RUN_NAME_MAX)
+    return training
+
+
+def _check_tpu(section: _Section, config: TpuConfig, slice_spec: SliceSpec, cluster_mode: str) -> None:
+    if config.slices > 1 and not slice_spec.multi_host:
+        multi_host = [s.topology for s in tpu.catalog() if s.accelerator == config.accelerator and s.multi_host]
+        raise ConfigError(
+            f"{section.key('slices')} is {config.slices} but {config.accelerator} {config.topology} is a single-host "
+            f"slice; multislice needs a multi-host topology ({', '.join(multi_host)}) or slices: 1"
+        )
+    allowed = CAPACITIES_BY_MODE[cluster_mode]
+    if config.capacity not in allowed:
+        raise ConfigError(
+            f"{section.key('capacity')} {config.capacity!r} is not supported with {PROJECT}:cluster.mode "
+            f"{cluster_mode}; choose one of {', '.join(allowed)}"
+        )
+    if config.capacity == "reservation" and not config.reservation:
+        raise ConfigError(f"{section.key('reservation')} is required with capacity: reservation; give the reservation's name")
+    if config.reservation and config.capacity != "reservation":
+        raise ConfigError(
+            f"{section.key('reservation')} is set but {section.key('capacity')} is {config.capacity!r}; "
+            "set capacity: reservation or remove the reservation"
+        )
+
+
+def _check_bucket(key: str, bucket: str) -> None:
+    if not _BUCKET.match(bucket) or "google" in bucket or bucket.startswith("goog"):
+        raise ConfigError(
+            f"{key}: {bucket!r} is not a valid bucket name (3-63 of a-z, 0-9, '-', '_', '.', "
+            "no 'google'); set a valid name there"
+        )
+
+
+def _check_dns_label(key: str, value: str, max_length: int) -> None:
+    if len(value) > max_length or not _DNS_LABEL.match(value):
+        raise ConfigError(
+            f"{key} {value!r} must be at most {max_length} characters of a-z, 0-9 and '-', starting with a letter"
+        )
+
+
+def stack_file(stack: str) -> Path:
+    return PROJECT_ROOT / f"Pulumi.{stack}.yaml"
+
+
+def shipped_stacks() -> tuple[str, ...]:
+    return tuple(sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in PROJECT_ROOT.glob("Pulumi.*.yaml")))
+
+
+def read_stack_values(path_or_stack_name: str | Path) -> tuple[dict[str, Any], str]:
+    """The `config:` section of a stack file and the stack's name, from a path or a stack name."""
+    path = Path(path_or_stack_name)
+    if path.suffix not in (".yaml", ".yml"):
+        path = stack_file(str(path_or_stack_name))
+    if not path.is_file():
+        raise ConfigError(f"no stack file {path}; the stacks here are {', '.join(shipped_stacks())}")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{path} must be a mapping with a `config:` section")
+    return dict(document.get("config") or {}), path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+
+
+def load_stack_file(path_or_stack_name: str | Path) -> StackConfig:
+    """Read and validate `Pulumi.<stack>.yaml` (a path, or a stack name looked up next to Pulumi.yaml)."""
+    values, stack = read_stack_values(path_or_stack_name)
+    return parse_stack_config(values, stack)
+
+
+def from_pulumi() -> StackConfig:
+    """The stack config of the running Pulumi program (or of a mock runtime)."""
+    import pulumi
+    from pulumi.runtime.config import CONFIG  # every key the engine passed, so unknown ones are caught
+
+    raw = {**pulumi.runtime.get_config_env(), **CONFIG.get()}
+    return parse_stack_config({key: _decode(value) for key, value in raw.items()}, pulumi.get_stack())
+
+
+def _decode(value: Any) -> Any:
+    """The engine passes structured config (mappings set with --path) as JSON text."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value

@@ -1,0 +1,107 @@
+"""The TPU slice catalog: the single source of truth for hardware shapes.
+
+From an accelerator and a topology it derives the GKE machine type, chips, hosts, the node labels
+pods select and whether the slice spans hosts. Node pools (infra.tpu_pools) and workloads both read
+it, so a pool and the pods scheduled on it can never disagree.
+
+Rule (AI-Hypercomputer/xpk system_characteristics.py): a 1x1 slice has one chip on one host, every
+other slice has 4 chips per host. v6e 2x4 therefore means two ct6e-standard-4t hosts (the
+single-host ct6e-standard-8t shape of the same topology is deliberately not offered: one label, one
+meaning).
+"""
+
+from dataclasses import dataclass
+from math import prod
+
+from infra.errors import ConfigError
+
+_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Family:
+    gke_accelerator: str
+    machine_prefix: str  # machine type = f"{machine_prefix}-{chips_per_host}t"
+    topologies: tuple[str, ...]
+
+
+_FAMILIES: dict[str, _Family] = {
+    "v6e": _Family(
+        gke_accelerator="tpu-v6e-slice",
+        machine_prefix="ct6e-standard",
+        topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    ),
+    "v5e": _Family(
+        gke_accelerator="tpu-v5-lite-podslice",
+        machine_prefix="ct5lp-hightpu",
+        topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    ),
+    "v5p": _Family(
+        gke_accelerator="tpu-v5p-slice",
+        machine_prefix="ct5p-hightpu",
+        topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4"),
+    ),
+}
+
+ACCELERATORS: tuple[str, ...] = tuple(_FAMILIES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SliceSpec:
+    """One TPU slice: what its node pool provisions and what its pods must select and request."""
+
+    accelerator: str  # "v6e" | "v5e" | "v5p"
+    topology: str  # "2x4"
+    gke_accelerator: str  # node label value, e.g. "tpu-v6e-slice"
+    machine_type: str  # "ct6e-standard-4t"
+    chips: int
+    chips_per_host: int  # also the pod's `google.com/tpu` request
+    hosts: int  # chips // chips_per_host
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {_ACCELERATOR_LABEL: self.gke_accelerator, _TOPOLOGY_LABEL: self.topology}
+
+
+def topologies(accelerator: str) -> tuple[str, ...]:
+    """The topologies the catalog offers for `accelerator`, smallest first."""
+    return _family(accelerator).topologies
+
+
+def slice_spec(accelerator: str, topology: str) -> SliceSpec:
+    """The slice for `accelerator` + `topology`; ConfigError naming the valid values otherwise."""
+    family = _family(accelerator)
+    if topology not in family.topologies:
+        raise ConfigError(
+            f"topology {topology!r} is not a {accelerator} slice; choose one of {', '.join(family.topologies)}"
+        )
+    chips = prod(int(side) for side in topology.split("x"))
+    chips_per_host = 1 if chips == 1 else 4
+    return SliceSpec(
+        accelerator=accelerator,
+        topology=topology,
+        gke_accelerator=family.gke_accelerator,
+        machine_type=f"{family.machine_prefix}-{chips_per_host}t",
+        chips=chips,
+        chips_per_host=chips_per_host,
+        hosts=chips // chips_per_host,
+    )
+
+
+def catalog() -> tuple[SliceSpec, ...]:
+    """Every slice the project supports (for docs, messages and tests)."""
+    return tuple(slice_spec(a, t) for a in ACCELERATORS for t in topologies(a))
+
+
+def _family(accelerator: str) -> _Family:
+    try:
+        return _FAMILIES[accelerator]
+    except KeyError:
+        raise ConfigError(
+            f"accelerator {accelerator!r} is not supported; choose one of {', '.join(ACCELERATORS)}"
+        ) from None

@@ -1,0 +1,113 @@
+"""Workload pods: no host access unless the object opts in to the network-tuning mode, and images
+only from the stack's own Artifact Registry repository."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rules.base import Resource, ResourceRule, StackRule, Violation, as_list, dig
+from rules.kubernetes import KubeObject, containers, kubernetes_objects, pod_specs
+
+# The opt-in: an annotation on the Job / JobSet / Pod object itself (docs/policy.md). The one mode,
+# "host-network", lets its pods use the host network, privileged containers (to raise network
+# sysctls) and hostPath volumes. hostPID and hostIPC are never allowed.
+NETWORK_TUNING_ANNOTATION = "gemma-tpu/network-tuning"
+NETWORK_TUNING_MODES = ("host-network",)
+# The training workloads; controllers (Deployments such as JobSet's) come from upstream registries.
+WORKLOAD_KINDS = ("Pod", "Job", "CronJob", "JobSet")
+REPOSITORY = "gcp:artifactregistry/repository:Repository"
+
+
+def _network_tuning(obj: KubeObject) -> tuple[bool, list[str]]:
+    """(opted in, problems with the annotation)."""
+    mode = obj.annotation(NETWORK_TUNING_ANNOTATION)
+    if mode is None:
+        return False, []
+    if mode in NETWORK_TUNING_MODES:
+        return True, []
+    return False, [
+        f"{obj.label}: annotation {NETWORK_TUNING_ANNOTATION}={mode!r} is not a known mode; "
+        f"use one of {', '.join(NETWORK_TUNING_MODES)} or remove it"
+    ]
+
+
+def _host_access(obj: KubeObject, pod: Mapping[str, Any], opted_in: bool) -> list[str]:
+    fix = f"remove it, or opt the object in with the annotation {NETWORK_TUNING_ANNOTATION}: {NETWORK_TUNING_MODES[0]}"
+    problems = [
+        f"{obj.label}: pods set {field}: true, which is never allowed; remove it"
+        for field in ("hostPID", "hostIPC")
+        if pod.get(field) is True
+    ]
+    if opted_in:
+        return problems
+    if pod.get("hostNetwork") is True:
+        problems.append(f"{obj.label}: pods set hostNetwork: true; {fix}")
+    problems += [
+        f"{obj.label}: container {c.get('name')!r} is privileged; {fix}"
+        for c in containers(pod)
+        if dig(c, "securityContext", "privileged") is True
+    ]
+    problems += [
+        f"{obj.label}: volume {v.get('name')!r} mounts hostPath {dig(v, 'hostPath', 'path')!r}; {fix}"
+        for v in as_list(pod.get("volumes"))
+        if dig(v, "hostPath") is not None
+    ]
+    return problems
+
+
+def check_pods_unprivileged(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for obj in kubernetes_objects(resource_type, props):
+        opted_in, annotation_problems = _network_tuning(obj)
+        problems += annotation_problems
+        for pod in pod_specs(obj):
+            problems += _host_access(obj, pod, opted_in)
+    return problems
+
+
+def registry_prefix(props: Mapping[str, Any]) -> str | None:
+    """ "LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/" of a Docker-format Artifact Registry repository."""
+    if str(props.get("format", "")).upper() != "DOCKER":
+        return None
+    location, project, repository = (props.get(k) for k in ("location", "project", "repositoryId"))
+    if not (location and project and repository):
+        return None
+    return f"{location}-docker.pkg.dev/{project}/{repository}/"
+
+
+def check_images_from_stack_registry(resources: Sequence[Resource]) -> list[Violation]:
+    prefixes = [p for r in resources if r.type == REPOSITORY and (p := registry_prefix(r.props))]
+    where = " or ".join(prefixes) if prefixes else "(none: the stack declares no Docker repository)"
+    violations = []
+    for resource in resources:
+        for obj in kubernetes_objects(resource.type, resource.props):
+            if obj.kind not in WORKLOAD_KINDS:
+                continue
+            for pod in pod_specs(obj):
+                violations += [
+                    Violation(
+                        f"{obj.label}: container {c.get('name')!r} runs image {c.get('image')!r}, which is not "
+                        f"in the stack's Artifact Registry repository {where}; push it there and use that URI",
+                        resource,
+                    )
+                    for c in containers(pod)
+                    if not any(str(c.get("image", "")).startswith(p) for p in prefixes)
+                ]
+    return violations
+
+
+PODS_UNPRIVILEGED = ResourceRule(
+    name="workload-pods-unprivileged",
+    description=(
+        "Pods are not privileged, mount no hostPath and use no host network, PID or IPC namespace, "
+        f"unless the object opts in with the annotation {NETWORK_TUNING_ANNOTATION}: {NETWORK_TUNING_MODES[0]}."
+    ),
+    check=check_pods_unprivileged,
+)
+IMAGES_FROM_STACK_REGISTRY = StackRule(
+    name="workload-images-from-stack-registry",
+    description=(
+        "Every container of a Pod, Job, CronJob or JobSet runs an image from an Artifact Registry "
+        "repository of the same stack (LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/...)."
+    ),
+    check=check_images_from_stack_registry,
+)

@@ -41,7 +41,9 @@ RUN_NAME_MAX = 40
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
-CLUSTER_NAME_MAX = 40  # GKE's limit on cluster names
+# Service account IDs are at most 30 characters: f"gemma-{stack}-nodes" leaves 18 for the stack name.
+_SERVICE_ACCOUNT_SUFFIXES = ("-nodes", "-train")
+STACK_NAME_MAX = 30 - len("gemma-") - max(len(suffix) for suffix in _SERVICE_ACCOUNT_SUFFIXES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +93,18 @@ class StackConfig:
     @property
     def cluster_name(self) -> str:
         return f"gemma-{self.stack}"
+
+    @property
+    def node_service_account_id(self) -> str:
+        return f"{self.cluster_name}{_SERVICE_ACCOUNT_SUFFIXES[0]}"
+
+    @property
+    def training_service_account_id(self) -> str:
+        return f"{self.cluster_name}{_SERVICE_ACCOUNT_SUFFIXES[1]}"
+
+    @property
+    def workload_identity_pool(self) -> str:
+        return f"{self.project}.svc.id.goog"
 
     @property
     def total_hosts(self) -> int:
@@ -170,7 +184,7 @@ class _Section:
 
 def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     """Validate the `config:` section of `Pulumi.<stack>.yaml` (keys as written there)."""
-    _check_dns_label("the stack name", stack, CLUSTER_NAME_MAX - len("gemma-"))
+    _check_dns_label("the stack name", stack, STACK_NAME_MAX)
     top = _Section("", values)
     project = top.text("gcp:project", "")
     region = top.text("gcp:region", "us-east5")

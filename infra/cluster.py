@@ -1,0 +1,179 @@
+"""The GKE cluster (Standard or Autopilot), its node service account, the CPU pool and the
+Kubernetes provider that every Kubernetes object of the stack goes through."""
+
+import json
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra.component import Component, service_account_member
+from infra.config import StackConfig
+
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+RELEASE_CHANNEL = "REGULAR"
+# Least privilege for nodes (cluster-toolkit, terraform-google-kubernetes-engine): write logs and
+# metrics, nothing else project-wide. Image pulls are granted on the one repository (infra.registry).
+NODE_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/monitoring.viewer",
+    "roles/stackdriver.resourceMetadata.writer",
+)
+# Controllers (JobSet) and CPU jobs (data preparation) run here, never on TPU hosts.
+CPU_POOL_NAME = "cpu"
+CPU_MACHINE_TYPE = "e2-standard-4"
+CPU_POOL_NODES = (1, 3)  # autoscaling min, max
+
+
+def gke_metadata() -> gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs:
+    """Pods get the GKE metadata server, so they act as their Kubernetes ServiceAccount's Google
+    account (Workload Identity) and never as the node's."""
+    return gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(mode="GKE_METADATA")
+
+
+class GkeCluster(Component):
+    """The cluster and what makes it usable: `cluster`, `node_service_account`, `cpu_pool`
+    (None on Autopilot), `provider` (Kubernetes) and `ready` (what Kubernetes objects wait for)."""
+
+    def __init__(self, name: str, config: StackConfig, *, after: Sequence[pulumi.Resource] = (), opts=None):
+        super().__init__("GkeCluster", name, after=after, opts=opts)
+        self.node_service_account = gcp.serviceaccount.Account(
+            "gke-nodes",
+            gcp.serviceaccount.AccountArgs(
+                account_id=config.node_service_account_id,
+                display_name=f"GKE nodes of {config.cluster_name}",
+            ),
+            opts=self.child(),
+        )
+        node_member = service_account_member(self.node_service_account)
+        self.node_roles = [
+            gcp.projects.IAMMember(
+                f"gke-nodes-{role.removeprefix('roles/').replace('.', '-')}",
+                gcp.projects.IAMMemberArgs(project=config.project, role=role, member=node_member),
+                opts=self.child(),
+            )
+            for role in NODE_ROLES
+        ]
+        if config.cluster_mode == "autopilot":
+            self.cluster = self._autopilot(config)
+            self.cpu_pool = None
+        else:
+            self.cluster = self._standard(config)
+            self.cpu_pool = self._cpu_pool(config)
+        self.ready: list[pulumi.Resource] = [self.cluster, *([self.cpu_pool] if self.cpu_pool else [])]
+        self.provider = k8s.Provider(
+            "gke",
+            k8s.ProviderArgs(
+                kubeconfig=pulumi.Output.all(
+                    self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate
+                ).apply(lambda args: kubeconfig(*args)),
+                # Only a new cluster replaces the provider (and so every Kubernetes object); a
+                # refreshed kubeconfig is an update (pulumi-kubernetes#4019).
+                cluster_identifier=self.cluster.id,
+                enable_server_side_apply=True,
+            ),
+            opts=self.child(),
+        )
+        self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.cluster.endpoint})
+
+    def _standard(self, config: StackConfig) -> gcp.container.Cluster:
+        return gcp.container.Cluster(
+            config.cluster_name,
+            gcp.container.ClusterArgs(
+                name=config.cluster_name,
+                location=config.zone,  # zonal: compact placement of TPU slices needs a single zone
+                release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
+                # The default pool is replaced by the CPU and TPU pools; even while it exists it
+                # runs as the node account, never the project-Editor default Compute Engine one.
+                remove_default_node_pool=True,
+                initial_node_count=1,
+                node_config=gcp.container.ClusterNodeConfigArgs(
+                    service_account=self.node_service_account.email,
+                    oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    workload_metadata_config=gcp.container.ClusterNodeConfigWorkloadMetadataConfigArgs(
+                        mode="GKE_METADATA"
+                    ),
+                ),
+                workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
+                    workload_pool=config.workload_identity_pool
+                ),
+                addons_config=gcp.container.ClusterAddonsConfigArgs(
+                    gcs_fuse_csi_driver_config=gcp.container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(
+                        enabled=True
+                    ),
+                ),
+                deletion_protection=config.deletion_protection,
+            ),
+            opts=self.child(*self.node_roles),
+        )
+
+    def _autopilot(self, config: StackConfig) -> gcp.container.Cluster:
+        # Workload Identity and the GCS FUSE CSI driver are always on in Autopilot.
+        return gcp.container.Cluster(
+            config.cluster_name,
+            gcp.container.ClusterArgs(
+                name=config.cluster_name,
+                location=config.region,  # Autopilot clusters are regional
+                enable_autopilot=True,
+                release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
+                cluster_autoscaling=gcp.container.ClusterClusterAutoscalingArgs(
+                    auto_provisioning_defaults=gcp.container.ClusterClusterAutoscalingAutoProvisioningDefaultsArgs(
+                        service_account=self.node_service_account.email,
+                        oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    ),
+                ),
+                deletion_protection=config.deletion_protection,
+            ),
+            opts=self.child(*self.node_roles),
+        )
+
+    def _cpu_pool(self, config: StackConfig) -> gcp.container.NodePool:
+        min_nodes, max_nodes = CPU_POOL_NODES
+        return gcp.container.NodePool(
+            CPU_POOL_NAME,
+            gcp.container.NodePoolArgs(
+                name=CPU_POOL_NAME,
+                cluster=self.cluster.name,
+                location=config.zone,
+                initial_node_count=min_nodes,
+                autoscaling=gcp.container.NodePoolAutoscalingArgs(min_node_count=min_nodes, max_node_count=max_nodes),
+                management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+                node_config=gcp.container.NodePoolNodeConfigArgs(
+                    machine_type=CPU_MACHINE_TYPE,
+                    service_account=self.node_service_account.email,
+                    oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    workload_metadata_config=gke_metadata(),
+                ),
+            ),
+            opts=self.child(),
+        )
+
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str) -> str:
+    """A kubeconfig that authenticates with `gke-gcloud-auth-plugin` (the user's gcloud login)."""
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": cluster_name, "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca_certificate}}
+            ],
+            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+            "current-context": cluster_name,
+            "users": [
+                {
+                    "name": cluster_name,
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": "gke-gcloud-auth-plugin",
+                            "installHint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
+                            "provideClusterInfo": True,
+                        }
+                    },
+                }
+            ],
+        }
+    )

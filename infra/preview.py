@@ -1,0 +1,186 @@
+"""`python -m infra.preview --stack NAME [--json]`: what `pulumi up` would register, offline.
+
+Runs the project's `__main__.py` under Pulumi's mock runtime with the config of
+`Pulumi.NAME.yaml` and prints every resource: type, name, parent and its inputs as the provider
+would receive them (camelCase). No credentials, no network, no Pulumi CLI. Values only the cloud
+knows (a cluster's endpoint, an account's email) are filled in with recognisable placeholders.
+An invalid config exits with code 2 and its one-line message.
+"""
+
+import argparse
+import json
+import runpy
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pulumi.output import Unknown
+from pulumi.runtime import mocks, rpc
+
+from infra.config import PROJECT, PROJECT_ROOT, read_stack_values
+from infra.errors import ConfigError
+
+PROGRAM = PROJECT_ROOT / "__main__.py"
+PLACEHOLDER_PROJECT = "my-project"  # the shipped stack files leave gcp:project to the user
+PLACEHOLDER_ENDPOINT = "203.0.113.10"  # TEST-NET-3, never a real cluster
+PLACEHOLDER_CA = "PLACEHOLDER-CLUSTER-CA"
+COMPUTED = "<computed>"  # a value only the provider knows after creating the resource
+USER_ERROR = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resource:
+    type: str
+    name: str
+    parent: str | None  # the parent's name; None for children of the stack itself
+    inputs: dict[str, Any]
+    provider: str | None = None  # the explicit provider's name ("gcp", "gke"); None for components
+    depends_on: tuple[str, ...] = ()  # names of what it waits for, explicit and through its inputs
+
+    def as_dict(self) -> dict[str, Any]:
+        """The --json form: the keys the issue promises (provider and dependencies show in text)."""
+        return {"type": self.type, "name": self.name, "parent": self.parent, "inputs": self.inputs}
+
+
+class _CloudPlaceholders(pulumi.runtime.Mocks):
+    """Each resource's state is its inputs plus the few outputs the program reads."""
+
+    def __init__(self, project: str):
+        self.project = project
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        state = dict(args.inputs)
+        if args.typ == "gcp:serviceaccount/account:Account":
+            email = f"{args.inputs['accountId']}@{self.project}.iam.gserviceaccount.com"
+            state.update(email=email, name=f"projects/{self.project}/serviceAccounts/{email}")
+        elif args.typ == "gcp:container/cluster:Cluster":
+            state.update(endpoint=PLACEHOLDER_ENDPOINT, masterAuth={"clusterCaCertificate": PLACEHOLDER_CA})
+        elif args.typ == "gcp:storage/bucket:Bucket":
+            state.update(url=f"gs://{args.inputs['name']}")
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+class _RecordingMonitor(mocks.MockMonitor):
+    """The mock monitor, also remembering each registration's parent and inputs in order."""
+
+    def __init__(self, placeholders: _CloudPlaceholders):
+        super().__init__(placeholders)
+        self.registrations: list[_Registration] = []
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.registrations.append(
+                _Registration(
+                    urn=response.urn,
+                    type=request.type,
+                    name=request.name,
+                    parent_urn=request.parent,
+                    inputs=rpc.deserialize_properties(request.object),
+                    provider_urn=request.provider.rsplit("::", 1)[0] if request.provider else "",
+                    dependency_urns=tuple(request.dependencies),
+                )
+            )
+        return response
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Registration:
+    urn: str
+    type: str
+    name: str
+    parent_urn: str
+    inputs: dict[str, Any]
+    provider_urn: str
+    dependency_urns: tuple[str, ...]
+
+
+def preview(values: dict[str, Any], stack: str) -> list[Resource]:
+    """Run the program under mocks with `values` (a stack file's `config:` section) as its config.
+    Raises ConfigError for an invalid config."""
+    monitor = _RecordingMonitor(_CloudPlaceholders(str(values.get("gcp:project", PLACEHOLDER_PROJECT))))
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=True, monitor=monitor)
+    # The engine hands the program each value as a string, mappings as JSON.
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}, [])
+    try:
+        pulumi.runtime.test(lambda: runpy.run_path(str(PROGRAM)) and None)()
+    except pulumi.RunError as error:
+        raise ConfigError(str(error)) from None
+    names = {registration.urn: registration.name for registration in monitor.registrations}
+    children: dict[str, list[_Registration]] = {}
+    for registration in monitor.registrations:
+        children.setdefault(registration.parent_urn if registration.parent_urn in names else "", []).append(registration)
+
+    def walk(parent_urn: str) -> list[Resource]:
+        """Each resource followed by its children, siblings by type and name: registration order
+        depends on how outputs resolve, this order does not."""
+        ordered = []
+        for registration in sorted(children.get(parent_urn, []), key=lambda r: (r.type, r.name)):
+            ordered.append(
+                Resource(
+                    type=registration.type,
+                    name=registration.name,
+                    parent=names.get(parent_urn),
+                    inputs=_shown(registration.inputs),
+                    provider=names.get(registration.provider_urn),
+                    depends_on=tuple(sorted(names[urn] for urn in registration.dependency_urns if urn in names)),
+                )
+            )
+            ordered += walk(registration.urn)
+        return ordered
+
+    return walk("")
+
+
+def _shown(value: Any) -> Any:
+    """Inputs as plain JSON: unknowns become COMPUTED, resource references their URN."""
+    if isinstance(value, dict):
+        return {key: _shown(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shown(item) for item in value]
+    if isinstance(value, (Unknown, pulumi.Resource)) or value == rpc.UNKNOWN:
+        return COMPUTED
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # the wire format has only doubles; the provider's schema says integer
+    return value
+
+
+def _print_text(resources: list[Resource]) -> None:
+    for resource in resources:
+        parent = f"  in {resource.parent}" if resource.parent else ""
+        provider = f"  provider {resource.provider}" if resource.provider else ""
+        print(f"{resource.type}  {resource.name}{parent}{provider}")
+        if resource.depends_on:
+            print(f"  after: {', '.join(resource.depends_on)}")
+        for line in json.dumps(resource.inputs, indent=2, sort_keys=True).splitlines()[1:-1]:
+            print(f"  {line}")
+    print(f"{len(resources)} resources")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.preview", description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of {type, name, parent, inputs}")
+    args = parser.parse_args(argv)
+    try:
+        values, stack = read_stack_values(args.stack)
+        if "gcp:project" not in values:
+            print(f"note: gcp:project is not set for stack {stack}; previewing with {PLACEHOLDER_PROJECT!r}", file=sys.stderr)
+            values["gcp:project"] = PLACEHOLDER_PROJECT
+        resources = preview(values, stack)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USER_ERROR
+    if args.json:
+        print(json.dumps([resource.as_dict() for resource in resources], indent=2))
+    else:
+        _print_text(resources)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

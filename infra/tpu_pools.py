@@ -1,0 +1,75 @@
+"""One GKE node pool per TPU slice, shaped by the catalog (infra.tpu) and the capacity choice."""
+
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.cluster import CLOUD_PLATFORM_SCOPE, GkeCluster, gke_metadata
+from infra.component import Component
+from infra.config import StackConfig
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+
+
+def pool_name(index: int) -> str:
+    """The node pool of slice `index`; multislice workloads place one slice's Job per pool."""
+    return f"tpu-slice-{index}"
+
+
+class TpuPools(Component):
+    """`pools`: one node pool per slice on a Standard cluster, none on Autopilot (GKE provisions
+    TPU nodes there from the pods' selectors)."""
+
+    def __init__(self, name: str, config: StackConfig, cluster: GkeCluster, *, after: Sequence[pulumi.Resource] = (), opts=None):
+        super().__init__("TpuPools", name, after=after, opts=opts)
+        self.pools: list[gcp.container.NodePool] = []
+        if config.cluster_mode == "standard":
+            self.pools = [self._pool(config, cluster, index) for index in range(config.tpu.slices)]
+        self.register_outputs({"pools": [pool.name for pool in self.pools]})
+
+    def _pool(self, config: StackConfig, cluster: GkeCluster, index: int) -> gcp.container.NodePool:
+        spec = config.slice
+        flex_start = config.tpu.capacity == "flex-start"
+        return gcp.container.NodePool(
+            pool_name(index),
+            gcp.container.NodePoolArgs(
+                name=pool_name(index),
+                cluster=cluster.cluster.name,
+                location=config.zone,
+                node_locations=[config.zone],
+                # The pool sits at zero hosts between runs (nothing bills) and the autoscaler
+                # brings up the whole slice, atomically, when a training pod asks for it.
+                initial_node_count=0,
+                autoscaling=gcp.container.NodePoolAutoscalingArgs(
+                    total_min_node_count=0,
+                    total_max_node_count=spec.hosts,
+                    location_policy="ANY" if flex_start else None,
+                ),
+                placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT", tpu_topology=spec.topology)
+                if spec.multi_host
+                else None,
+                # Flex-start nodes are not repaired: a broken node is given back, not recreated.
+                management=gcp.container.NodePoolManagementArgs(auto_repair=not flex_start, auto_upgrade=True),
+                node_config=gcp.container.NodePoolNodeConfigArgs(
+                    machine_type=spec.machine_type,
+                    service_account=cluster.node_service_account.email,
+                    oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    workload_metadata_config=gke_metadata(),
+                    spot=config.tpu.capacity == "spot" or None,
+                    flex_start=flex_start or None,
+                    reservation_affinity=_reservation_affinity(config),
+                ),
+            ),
+            opts=self.child(*cluster.ready),
+        )
+
+
+def _reservation_affinity(config: StackConfig) -> gcp.container.NodePoolNodeConfigReservationAffinityArgs | None:
+    if config.tpu.capacity == "reservation":
+        return gcp.container.NodePoolNodeConfigReservationAffinityArgs(
+            consume_reservation_type="SPECIFIC_RESERVATION", key=RESERVATION_KEY, values=[config.tpu.reservation]
+        )
+    if config.tpu.capacity == "flex-start":
+        return gcp.container.NodePoolNodeConfigReservationAffinityArgs(consume_reservation_type="NO_RESERVATION")
+    return None

@@ -1,0 +1,314 @@
+"""The loader: prepared documents -> packed, masked batches, one process's share, in a fixed order.
+
+The global batch is `global_batch_size` packing streams. Each epoch the training documents are
+shuffled from the seed and document k goes to stream k mod B; a stream cuts its documents into
+windows of at most `seq_len` next-token pairs and packs them into rows (best-fit). Process p of P
+produces the rows of streams [p*B/P, (p+1)*B/P) and reads only their documents, so the data order
+does not depend on P.
+
+Packing is planned from `lengths.npy` alone, which lets every process compute, without reading any
+other process's documents, when a finite pass ends: after as many batches as the longest stream has
+rows (shorter streams are padded with empty rows). The same planner gives `steps_per_epoch`. This is
+why the packer is ours rather than grain's First/BestFitPackIterDataset. It also emits one row at a
+time (the fullest open row when a window fits nowhere) instead of all bins at once, and places a
+window in the open row it fills best: on TinyStories-like lengths at seq 256 with 16 bins that fills
+~96% of the positions, against ~94.6% for first-fit and ~78% for one document per row.
+
+Streams flow from one epoch into the next (an open row may mix the end of one epoch with the start
+of the next), so `epochs=None` never pads; a finite pass pads only at its very end.
+"""
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+
+import grain
+import numpy as np
+
+from trainer import prepare as prepare_lib
+from trainer.errors import UserError
+from trainer.tokenizer import load_tokenizer
+
+# Rows open at once in each stream: more bins fill rows a little better (96.0% with 64) at the cost
+# of a longer scan per window.
+PACKING_BINS = 16
+PREFETCH_BATCHES = 4
+# The held-out split must not change with the training seed, so runs with different seeds share it.
+_SPLIT_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedData:
+    """A prepared dataset: its directory, its meta.json and the token count of every document."""
+
+    path: str
+    meta: dict
+    lengths: np.ndarray  # [documents] int32, EOS included
+
+    @property
+    def documents(self) -> int:
+        return self.meta["documents"]
+
+    @property
+    def tokens(self) -> int:
+        return self.meta["tokens"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["tokenizer"]["vocab_size"]
+
+    def source(self) -> grain.sources.ArrayRecordDataSource:
+        """Random access to the documents' token records, in document order across the shards."""
+        return grain.sources.ArrayRecordDataSource([str(pathlib.Path(self.path) / s["file"]) for s in self.meta["shards"]])
+
+
+def _cache_name(text_path: pathlib.Path, tokenizer_sha256: str) -> str:
+    stat = text_path.stat()
+    identity = json.dumps([str(text_path.resolve()), stat.st_size, stat.st_mtime_ns, tokenizer_sha256])
+    return f"{text_path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def open_data(data: str, *, tokenizer_path: str, cache_dir: str) -> TokenizedData:
+    """Opens `data`: a directory made by `trainer.prepare` (checked against the tokenizer) or a raw
+    text file, which is prepared once into `cache_dir` and reused while it and the tokenizer are unchanged."""
+    data_path = pathlib.Path(data)
+    tokenizer = load_tokenizer(tokenizer_path)
+    if data_path.is_dir():
+        directory = data_path
+        meta = prepare_lib.read_meta(directory)
+        if meta["tokenizer"]["sha256"] != tokenizer.sha256:
+            raise UserError(
+                f"--data {data}: prepared with tokenizer {meta['tokenizer']['path']} "
+                f"(vocabulary {meta['tokenizer']['vocab_size']}), not with --tokenizer {tokenizer_path} "
+                f"(vocabulary {tokenizer.vocab_size}); pass that tokenizer or prepare the data again"
+            )
+    elif data_path.is_file():
+        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256)
+        meta = prepare_lib.prepare(data_path, tokenizer_path, directory)
+    else:
+        raise UserError(f"--data {data}: not found; pass a text file or a directory made by `python -m trainer.prepare`")
+    lengths = np.load(directory / meta["lengths_file"])
+    return TokenizedData(path=str(directory), meta=meta, lengths=lengths)
+
+
+def _split(data: TokenizedData, split: str, eval_fraction: float) -> np.ndarray:
+    """Document ids of `split`, ascending. The eval split is a seed-independent random fraction."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
+    if not 0.0 <= eval_fraction < 1.0:
+        raise UserError(f"eval fraction {eval_fraction}: must be at least 0 and below 1")
+    eval_documents = int(data.documents * eval_fraction)
+    if eval_fraction > 0 and eval_documents == 0:
+        raise UserError(f"eval fraction {eval_fraction} of {data.documents} documents selects none; raise it")
+    order = np.random.default_rng(_SPLIT_SEED).permutation(data.documents)
+    return np.sort(order[:eval_documents] if split == "eval" else order[eval_documents:])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What every process agrees on: which windows each stream packs, epoch by epoch."""
+
+    lengths: np.ndarray
+    documents: np.ndarray  # the split's document ids
+    seq_len: int
+    streams: int
+    seed: int
+    shuffle: bool
+    epochs: int | None
+    bins: int
+    _orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """The split's documents in `epoch`'s order (the latest epoch's is kept: every stream needs it)."""
+        if epoch not in self._orders:
+            self._orders.clear()
+            rng = np.random.default_rng([self.seed, epoch])
+            self._orders[epoch] = rng.permutation(self.documents) if self.shuffle else self.documents
+        return self._orders[epoch]
+
+    def windows(self, stream: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(document, window index, pairs) of each window of `stream` in `epoch`, in packing order."""
+        documents = self._order(epoch)[stream::self.streams]
+        # A document of n stored tokens (ids + EOS) gives n next-token pairs after the BOS is prepended.
+        pairs = self.lengths[documents].astype(np.int64)
+        counts = -(-pairs // self.seq_len)
+        window_document = np.repeat(documents, counts)
+        window_index = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        window_pairs = np.minimum(self.seq_len, np.repeat(pairs, counts) - window_index * self.seq_len)
+        return window_document, window_index, window_pairs
+
+    def window_pairs(self, document: int, window: int) -> int:
+        return int(min(self.seq_len, self.lengths[document] - window * self.seq_len))
+
+    def total_rows(self) -> int:
+        """Batches in a finite pass: the row count of the longest stream (needs `epochs`)."""
+        rows = 0
+        for stream in range(self.streams):
+            packer = _StreamPacker(self, stream)
+            count = 0
+            while packer.next_row() is not None:
+                count += 1
+            rows = max(rows, count)
+        return rows
+
+
+class _StreamPacker:
+    """Best-fit packing of one stream's windows with at most `bins` rows open. A window goes into
+    the open row it leaves least room in; when none has room, the fullest row is emitted and a new
+    one is opened. A full-length window is a row by itself. Rows are lists of (document, window)."""
+
+    def __init__(self, plan: _Plan, stream: int):
+        self.plan, self.stream = plan, stream
+        self.epoch, self.cursor = 0, 0
+        self.open_rows: list[list[tuple[int, int]]] = []
+        self._free: list[int] = []
+        self._load_epoch()
+
+    def _load_epoch(self) -> None:
+        self._windows = self.plan.windows(self.stream, self.epoch) if not self.finished_epochs() else None
+
+    def finished_epochs(self) -> bool:
+        return self.plan.epochs is not None and self.epoch >= self.plan.epochs
+
+    def _emit(self, index: int) -> list[tuple[int, int]]:
+        self._free.pop(index)
+        return self.open_rows.pop(index)
+
+    def next_row(self) -> list[tuple[int, int]] | None:
+        """The next packed row, or None when the stream's last epoch is packed and emitted."""
+        seq_len = self.plan.seq_len
+        while not self.finished_epochs():
+            documents, windows, pairs = self._windows
+            if self.cursor == len(pairs):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._load_epoch()
+                continue
+            window, size = (int(documents[self.cursor]), int(windows[self.cursor])), int(pairs[self.cursor])
+            self.cursor += 1
+            if size == seq_len:
+                return [window]
+            fits = min((i for i, free in enumerate(self._free) if free >= size), key=self._free.__getitem__,
+                       default=None)
+            if fits is not None:
+                self.open_rows[fits].append(window)
+                self._free[fits] -= size
+                if self._free[fits] == 0:
+                    return self._emit(fits)
+                continue
+            emitted = self._emit(int(np.argmin(self._free))) if len(self.open_rows) == self.plan.bins else None
+            self.open_rows.append([window])
+            self._free.append(seq_len - size)
+            if emitted is not None:
+                return emitted
+        return self._emit(0) if self.open_rows else None
+
+    def get_state(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "open_rows": [[list(w) for w in row] for row in self.open_rows]}
+
+    def set_state(self, state: dict) -> None:
+        self.epoch, self.cursor = state["epoch"], state["cursor"]
+        self.open_rows = [[tuple(w) for w in row] for row in state["open_rows"]]
+        self._free = [self.plan.seq_len - sum(self.plan.window_pairs(*w) for w in row) for row in self.open_rows]
+        self._load_epoch()
+
+
+class _BatchIterator(grain.DatasetIterator):
+    """This process's rows of the global batch, as numpy arrays; state is JSON for grain's checkpoint."""
+
+    def __init__(self, data: TokenizedData, plan: _Plan, bos_id: int, streams: range):
+        super().__init__()
+        self._plan, self._bos_id = plan, bos_id
+        self._source = data.source()
+        self._packers = [_StreamPacker(plan, stream) for stream in streams]
+        self._step = 0
+        self._total_rows: int | None = None  # planned lazily, when a finite pass nears its end
+
+    def _row(self, windows: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+        seq_len = self._plan.seq_len
+        row = {key: np.zeros(seq_len, np.int32) for key in ("input_tokens", "target_tokens", "segment_ids", "positions")}
+        row["loss_mask"] = np.zeros(seq_len, np.float32)
+        offset = 0
+        for segment, (document, window) in enumerate(windows, start=1):
+            stored = np.frombuffer(self._source[document], dtype=prepare_lib.TOKEN_DTYPE)
+            tokens = np.concatenate([[self._bos_id], stored])
+            start, size = window * seq_len, self._plan.window_pairs(document, window)
+            span = slice(offset, offset + size)
+            row["input_tokens"][span] = tokens[start:start + size]
+            row["target_tokens"][span] = tokens[start + 1:start + size + 1]
+            row["segment_ids"][span] = segment
+            row["positions"][span] = np.arange(size)
+            row["loss_mask"][span] = 1.0
+            offset += size
+        return row
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        rows = [packer.next_row() for packer in self._packers]
+        if all(row is None for row in rows):
+            if self._total_rows is None:
+                self._total_rows = self._plan.total_rows()
+            if self._step >= self._total_rows:
+                raise StopIteration
+        self._step += 1
+        built = [self._row(row or []) for row in rows]
+        return {key: np.stack([row[key] for row in built]) for key in built[0]}
+
+    def get_state(self) -> dict:
+        return {"step": self._step, "streams": [packer.get_state() for packer in self._packers]}
+
+    def set_state(self, state: dict) -> None:
+        if len(state["streams"]) != len(self._packers):
+            raise UserError(f"data iterator state holds {len(state['streams'])} streams, this process reads "
+                            f"{len(self._packers)}; resume with the batch size and process count of the checkpoint")
+        self._step = state["step"]
+        for packer, packer_state in zip(self._packers, state["streams"]):
+            packer.set_state(packer_state)
+
+
+class _BatchDataset(grain.IterDataset):
+    def __init__(self, make_iterator):
+        super().__init__()
+        self._make_iterator = make_iterator
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return self._make_iterator()
+
+
+def _plan(data, *, seq_len, global_batch_size, seed, split, eval_fraction, epochs, bins) -> _Plan:
+    if seq_len < 1 or global_batch_size < 1:
+        raise UserError(f"sequence length {seq_len} and batch size {global_batch_size}: both must be at least 1")
+    documents = _split(data, split, eval_fraction)
+    if split == "train" and len(documents) < global_batch_size:
+        raise UserError(f"--data {data.path}: {len(documents)} training documents cannot fill "
+                        f"{global_batch_size} batch rows; lower the batch size or add documents")
+    return _Plan(lengths=data.lengths, documents=documents, seq_len=seq_len, streams=global_batch_size, seed=seed,
+                 shuffle=split == "train", epochs=1 if split == "eval" else epochs, bins=bins)
+
+
+def batches(data: TokenizedData, *, seq_len: int, global_batch_size: int, seed: int, split: str = "train",
+            eval_fraction: float = 0.0, epochs: int | None = None, process_index: int = 0, process_count: int = 1,
+            prefetch: bool = True, packing_bins: int = PACKING_BINS) -> grain.DatasetIterator:
+    """This process's share of the global batches: dicts of [global_batch_size // process_count, seq_len]
+    arrays `input_tokens`, `target_tokens`, `segment_ids`, `positions` (int32) and `loss_mask` (float32).
+    `epochs=None` repeats forever, reshuffled each epoch; split "eval" is one pass in a fixed order.
+    The iterator has get_state()/set_state() and works with grain.checkpoint.CheckpointSave/Restore."""
+    if global_batch_size % process_count:
+        raise UserError(f"batch size {global_batch_size} is not divisible by the {process_count} processes; "
+                        "pick a multiple")
+    plan = _plan(data, seq_len=seq_len, global_batch_size=global_batch_size, seed=seed, split=split,
+                 eval_fraction=eval_fraction, epochs=epochs, bins=packing_bins)
+    rows = global_batch_size // process_count
+    streams = range(process_index * rows, (process_index + 1) * rows)
+    bos_id = data.meta["tokenizer"]["bos_id"]
+    dataset = _BatchDataset(lambda: _BatchIterator(data, plan, bos_id, streams))
+    if prefetch:
+        dataset = grain.experimental.ThreadPrefetchIterDataset(dataset, prefetch_buffer_size=PREFETCH_BATCHES)
+    return iter(dataset)
+
+
+def steps_per_epoch(data: TokenizedData, *, seq_len: int, global_batch_size: int, eval_fraction: float = 0.0,
+                    seed: int = 0, packing_bins: int = PACKING_BINS) -> int:
+    """Global batches in one training epoch for this seed: what `batches(..., epochs=1)` yields.
+    Reads only the document lengths; every process gets the same number."""
+    return _plan(data, seq_len=seq_len, global_batch_size=global_batch_size, seed=seed, split="train",
+                 eval_fraction=eval_fraction, epochs=1, bins=packing_bins).total_rows()

@@ -1,0 +1,82 @@
+"""`python -m workloads render --stack NAME [--out DIR]`: the run's Kubernetes objects as YAML, offline.
+
+Prints (or writes into DIR, one file per object, numbered in apply order) the namespace, the
+ServiceAccount, the data preparation Job and the training Job or JobSet that `pulumi up` applies
+for the stack. The image digest exists only after the build: without a configured `gemma-tpu:image`
+the image is the placeholder `${TRAINER_IMAGE}` (fill it with `envsubst` before `kubectl apply`).
+Without `gcp:project` in the stack file, the project (and the bucket and account names derived from
+it) is infra.preview's placeholder. An invalid config exits with code 2 and its one-line message.
+"""
+
+import argparse
+import pathlib
+import sys
+from typing import Any
+
+import yaml
+
+from infra.config import parse_stack_config, read_stack_values
+from infra.errors import ConfigError
+from infra.preview import PLACEHOLDER_PROJECT
+from trainer.exitcodes import USER_ERROR
+from workloads import manifests
+from workloads.spec import RunSpec, run_spec
+
+IMAGE_PLACEHOLDER = "${TRAINER_IMAGE}"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML for kubectl and reviewers: no `&id001` anchors where builders share a dict."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True)
+
+
+def render_spec(stack: str) -> RunSpec:
+    """The run of stack file `stack` (a name or a path); ConfigError when it is invalid."""
+    values, stack_name = read_stack_values(stack)
+    if "gcp:project" not in values:
+        print(f"note: gcp:project is not set for stack {stack_name}; rendering with {PLACEHOLDER_PROJECT!r}", file=sys.stderr)
+        values["gcp:project"] = PLACEHOLDER_PROJECT
+    config = parse_stack_config(values, stack_name)
+    return run_spec(config, image=config.image or IMAGE_PLACEHOLDER)
+
+
+def write(objects: list[dict[str, Any]], directory: pathlib.Path) -> list[pathlib.Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, obj in enumerate(objects):
+        path = directory / f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path.write_text(to_yaml([obj]))
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    render = commands.add_parser("render", help="print or write the stack's Kubernetes objects as YAML")
+    render.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
+    render.add_argument("--out", "--output", dest="out", type=pathlib.Path, help="write one YAML file per object into this directory")
+    args = parser.parse_args(argv)
+    try:
+        spec = render_spec(args.stack)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USER_ERROR
+    objects = manifests.all_objects(spec)
+    if args.out is None:
+        print(to_yaml(objects), end="")
+        return 0
+    for path in write(objects, args.out):
+        print(path)
+    print(f"follow the run: {manifests.logs_command(spec)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Pure builders: a RunSpec in, plain Kubernetes dicts out (nothing here talks to a cluster).
+
+Shapes: one host -> a batch/v1 Job; one multi-host slice -> a JobSet with one Job of `hosts` pods;
+N slices -> the same JobSet with `replicas: N` and exclusive placement, one slice's Job per node
+pool. Autopilot gets the same objects: pods find TPU nodes by the catalog's node selectors only
+(no node pool names), which is also all a Standard cluster needs.
+
+Data before training: the data preparation Job writes its output and `meta.json` last (renamed into
+place when complete). Every training pod starts with an init container that waits for that marker
+on its read-only data mount. This ordering holds for every shape (a batch/v1 Job has no JobSet
+`dependsOn`), however the objects are applied (`pulumi up` or `kubectl apply` of the rendered YAML),
+and after every restart (the marker is there: no wait). `pulumi up` additionally awaits the
+preparation Job before it creates the training objects, so a failed download fails the update.
+
+Failure semantics (exit codes from trainer.exitcodes, see spec.RETRYABLE_EXIT_CODES): a code or
+config error fails the run at once; a preemption, a signal or the trainer's RETRY code restarts
+it from its last checkpoint, at most `max_restarts` times. A batch/v1 Job counts those restarts
+in `backoffLimit`; a JobSet's Jobs have `backoffLimit: 0` and the JobSet restarts them as a whole.
+"""
+
+from typing import Any
+
+from infra.identity import WORKLOAD_IDENTITY_ANNOTATION
+from trainer import exitcodes
+from workloads.spec import (
+    ARTIFACTS_MOUNT,
+    DATA_MOUNT,
+    PREPARE_DEADLINE_SECONDS,
+    PROFILE_PORT,
+    RETRYABLE_EXIT_CODES,
+    TERMINATION_GRACE_SECONDS,
+    TRAINER_UID,
+    RunSpec,
+)
+
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+TRAINER_CONTAINER = "trainer"
+WAIT_CONTAINER = "wait-for-data"
+PREPARE_CONTAINER = "prepare"
+SLICE_JOB = "slice"  # the JobSet's replicated job: one Job per slice
+EXCLUSIVE_TOPOLOGY = {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+# pulumi-kubernetes otherwise waits for a Job to complete and fails the update after 10 minutes.
+SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
+_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+# The GCS FUSE sidecar keeps its file cache in this pod volume when it exists, on the node's disk,
+# instead of in its own small ephemeral-storage allowance.
+_FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+_SOURCE_MOUNT = "/source"  # a gs:// dataset's bucket, read-only, in the preparation pod
+_SCRATCH_MOUNT = "/scratch"  # a downloaded dataset, in the preparation pod
+_PREPARE_CPUS = 2
+_PREPARE_MEMORY = "4Gi"
+_PREPARE_SCRATCH = "16Gi"  # the raw text (TinyStories: ~2 GB) plus the FUSE write staging
+_PREPARE_RETRIES = 2  # a transient download or GCS error; safe, preparation is idempotent
+_POLL_SECONDS = 10
+_LABEL = "app.kubernetes.io"
+
+
+def _labels(component: str, name: str) -> dict[str, str]:
+    return {f"{_LABEL}/name": "gemma-tpu", f"{_LABEL}/component": component, f"{_LABEL}/instance": name}
+
+
+def _fuse_volume(name: str, bucket: str, *, read_only: bool, cached: bool = False) -> dict[str, Any]:
+    attributes = {"bucketName": bucket}
+    if cached:
+        # Training data does not change during a run: cache whole files (also on the random reads
+        # of the loader) and their metadata for the life of the pod.
+        attributes |= {
+            "fileCacheCapacity": "-1",
+            "fileCacheForRangeRead": "true",
+            "metadataCacheTTLSeconds": "-1",
+            "metadataStatCacheCapacity": "-1",
+            "metadataTypeCacheCapacity": "-1",
+        }
+    return {"name": name, "csi": {"driver": _FUSE_DRIVER, "readOnly": read_only, "volumeAttributes": attributes}}
+
+
+def _pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
+    annotations = {"gke-gcsfuse/volumes": "true"}
+    if not evictable:
+        annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
+    return {"labels": labels, "annotations": annotations}
+
+
+def _pod_security() -> dict[str, Any]:
+    # fsGroup: the FUSE driver mounts the buckets for this group, so the non-root user can write.
+    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID, "fsGroup": TRAINER_UID}
+
+
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _wait_for_data(spec: RunSpec) -> dict[str, Any]:
+    give_up = (
+        f"echo \"error: {spec.prepared_marker} did not appear within {PREPARE_DEADLINE_SECONDS} s: "
+        f"see kubectl logs -n {spec.namespace} job/{spec.prepare_name}\" >&2; exit {exitcodes.USER_ERROR}"
+    )
+    script = (
+        f"timeout {PREPARE_DEADLINE_SECONDS} sh -c 'until [ -f \"$0\" ]; do sleep {_POLL_SECONDS}; done' "
+        f"{spec.prepared_marker} || {{ {give_up}; }}"
+    )
+    return {
+        "name": WAIT_CONTAINER,
+        "image": spec.image,
+        "command": ["sh", "-c", script],
+        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}],
+        "securityContext": _CONTAINER_SECURITY,
+    }
+
+
+def _trainer_env(spec: RunSpec) -> list[dict[str, Any]]:
+    env = [{"name": name, "value": value} for name, value in spec.trainer_env.items()]
+    if spec.multislice:
+        # JAX's multislice setup: this pod's slice is its Job's index in the JobSet, and the
+        # coordinator is the JobSet's designated pod (spec.coordinator), by its stable DNS name.
+        env += [
+            {"name": "MEGASCALE_SLICE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}}},
+            {"name": "MEGASCALE_COORDINATOR_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/coordinator']"}}},
+        ]  # fmt: skip
+    return env
+
+
+def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
+    tpu = {"google.com/tpu": str(spec.chips_per_host)}
+    trainer = {
+        "name": TRAINER_CONTAINER,
+        "image": spec.image,
+        "args": list(spec.trainer_args),
+        "env": _trainer_env(spec),
+        "resources": {"requests": tpu, "limits": tpu},
+        "volumeMounts": [
+            {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
+            {"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
+        ],
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    if spec.profiling:
+        trainer["ports"] = [{"name": "profiler", "containerPort": PROFILE_PORT}]
+    return {
+        "metadata": _pod_metadata(_labels("train", spec.name), evictable=False),
+        "spec": {
+            "serviceAccountName": spec.service_account,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+            "nodeSelector": dict(spec.tpu_node_selector),
+            "securityContext": _pod_security(),
+            "initContainers": [_wait_for_data(spec)],
+            "containers": [trainer],
+            "volumes": [
+                _fuse_volume("data", spec.data_bucket, read_only=True, cached=True),
+                _fuse_volume("artifacts", spec.artifacts_bucket, read_only=False),
+                {"name": _FUSE_CACHE_VOLUME, "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def _fail_on_errors() -> dict[str, Any]:
+    """Fail the Job at once when the trainer (or the data wait) exits with a non-retryable code."""
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": container, "operator": "NotIn", "values": sorted(RETRYABLE_EXIT_CODES)},
+            }
+            for container in (TRAINER_CONTAINER, WAIT_CONTAINER)
+        ]
+    }
+
+
+def _metadata(spec: RunSpec, name: str, component: str, annotations: dict[str, str]) -> dict[str, Any]:
+    metadata = {"name": name, "namespace": spec.namespace, "labels": _labels(component, name)}
+    if annotations:
+        metadata["annotations"] = annotations
+    return metadata
+
+
+def namespace(spec: RunSpec) -> dict[str, Any]:
+    """The namespace of the run (created by infra.identity on `pulumi up`)."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace}}
+
+
+def service_account(spec: RunSpec) -> dict[str, Any]:
+    """The pods' ServiceAccount, acting as the Google training account (created by infra.identity)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": spec.service_account,
+            "namespace": spec.namespace,
+            "annotations": {WORKLOAD_IDENTITY_ANNOTATION: spec.google_service_account},
+        },
+    }
+
+
+def training_job(spec: RunSpec) -> dict[str, Any]:
+    """One host: a batch/v1 Job that retries retryable failures up to `max_restarts` times."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(spec, spec.name, "train", SKIP_AWAIT),
+        "spec": {
+            "backoffLimit": spec.max_restarts,
+            "podFailurePolicy": _fail_on_errors(),
+            "template": _trainer_pod(spec),
+        },
+    }
+
+
+def training_jobset(spec: RunSpec) -> dict[str, Any]:
+    """Multi-host or multislice: one Job per slice, `hosts_per_slice` indexed pods each."""
+    slice_job = {
+        "parallelism": spec.hosts_per_slice,
+        "completions": spec.hosts_per_slice,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "podFailurePolicy": _fail_on_errors(),
+        "template": _trainer_pod(spec),
+    }
+    jobset_spec: dict[str, Any] = {
+        "failurePolicy": {
+            "maxRestarts": spec.max_restarts,
+            # A Job failed by its podFailurePolicy (a non-retryable exit) ends the run; any other
+            # failed Job restarts the whole JobSet, counted against maxRestarts.
+            "rules": [{"name": "fail-on-errors", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+        },
+        "replicatedJobs": [{"name": SLICE_JOB, "replicas": spec.slices, "template": {"spec": slice_job}}],
+    }
+    if spec.multislice:
+        jobset_spec["coordinator"] = {"replicatedJob": SLICE_JOB, "jobIndex": 0, "podIndex": 0}
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": "JobSet",
+        "metadata": _metadata(spec, spec.name, "train", EXCLUSIVE_TOPOLOGY if spec.multislice else {}),
+        "spec": jobset_spec,
+    }
+
+
+def training(spec: RunSpec) -> dict[str, Any]:
+    """The training object of the spec's shape."""
+    return training_job(spec) if spec.shape == "job" else training_jobset(spec)
+
+
+# Runs in the trainer image. Idempotent: a complete output (its meta.json) ends it before any
+# download. The tokenizer is the official Gemma 3 one, named by the trainer itself.
+_PREPARE_SCRIPT = """\
+set -eu
+if [ -f "$OUTPUT/meta.json" ]; then echo "$OUTPUT is already prepared"; exit 0; fi
+if [ -n "${DATASET_URL:-}" ]; then
+  echo "downloading $DATASET_URL"
+  python -c 'import shutil, sys, urllib.request; shutil.copyfileobj(urllib.request.urlopen(sys.argv[1]), open(sys.argv[2], "wb"))' "$DATASET_URL" "$INPUT"
+fi
+TOKENIZER="$(python -c 'from trainer.models import OFFICIAL_TOKENIZER; print(OFFICIAL_TOKENIZER)')"
+exec python -m trainer.prepare --input "$INPUT" --tokenizer "$TOKENIZER" --output "$OUTPUT" --workers "$WORKERS"
+"""
+
+
+def _dataset_source(spec: RunSpec) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Env, volumes and mounts that put the raw dataset at $INPUT: a download for a URL, the
+    data mount for an object in the data bucket, a read-only mount of another bucket otherwise."""
+    if not spec.dataset.startswith("gs://"):
+        scratch = {"name": "scratch", "emptyDir": {"sizeLimit": _PREPARE_SCRATCH}}
+        mount = {"name": "scratch", "mountPath": _SCRATCH_MOUNT}
+        return {"DATASET_URL": spec.dataset, "INPUT": f"{_SCRATCH_MOUNT}/corpus.txt"}, [scratch], [mount]
+    bucket, _, path = spec.dataset.removeprefix("gs://").partition("/")
+    if bucket == spec.data_bucket:
+        return {"INPUT": f"{DATA_MOUNT}/{path}"}, [], []
+    volume = _fuse_volume("source", bucket, read_only=True)  # read once, start to end: no cache
+    mount = {"name": "source", "mountPath": _SOURCE_MOUNT, "readOnly": True}
+    return {"INPUT": f"{_SOURCE_MOUNT}/{path}"}, [volume], [mount]
+
+
+def preparation_job(spec: RunSpec) -> dict[str, Any]:
+    """The data preparation Job on a CPU node: download (or mount) the corpus and tokenize it
+    into `spec.prepared_dir` of the data bucket, unless that is already complete."""
+    source_env, source_volumes, source_mounts = _dataset_source(spec)
+    env = {**source_env, "OUTPUT": f"{DATA_MOUNT}/{spec.prepared_dir}", "WORKERS": str(_PREPARE_CPUS)}
+    resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}
+    container = {
+        "name": PREPARE_CONTAINER,
+        "image": spec.image,
+        "command": ["sh", "-c", _PREPARE_SCRIPT],
+        "env": [{"name": name, "value": value} for name, value in env.items()],
+        "resources": {"requests": resources, "limits": resources},
+        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}, *source_mounts],
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    pod = {
+        "metadata": _pod_metadata(_labels("prepare", spec.prepare_name), evictable=True),
+        "spec": {
+            "serviceAccountName": spec.service_account,
+            "restartPolicy": "Never",
+            "nodeSelector": dict(spec.cpu_node_selector),
+            "securityContext": _pod_security(),
+            "containers": [container],
+            "volumes": [_fuse_volume("data", spec.data_bucket, read_only=False), *source_volumes],
+        },
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(spec, spec.prepare_name, "prepare", {}),
+        "spec": {
+            "backoffLimit": _PREPARE_RETRIES,
+            "activeDeadlineSeconds": PREPARE_DEADLINE_SECONDS,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": PREPARE_CONTAINER, "operator": "In", "values": [exitcodes.USER_ERROR]},
+                    }
+                ]
+            },
+            "template": pod,
+        },
+    }
+
+
+def all_objects(spec: RunSpec) -> list[dict[str, Any]]:
+    """Every object of the run in the order they are applied."""
+    return [namespace(spec), service_account(spec), preparation_job(spec), training(spec)]
+
+
+def logs_command(spec: RunSpec) -> str:
+    """kubectl command that follows the trainer's log (of the first pod of the first slice)."""
+    if spec.shape == "job":
+        return f"kubectl logs -n {spec.namespace} -f job/{spec.name} -c {TRAINER_CONTAINER}"
+    first_pod = f"jobset.sigs.k8s.io/jobset-name={spec.name},jobset.sigs.k8s.io/job-index=0,batch.kubernetes.io/job-completion-index=0"
+    return f"kubectl logs -n {spec.namespace} -f -l {first_pod} -c {TRAINER_CONTAINER}"
+
+
+def status_command(spec: RunSpec) -> str:
+    kind = "job" if spec.shape == "job" else "jobset"
+    return f"kubectl get {kind} {spec.name} -n {spec.namespace}"

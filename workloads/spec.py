@@ -1,0 +1,156 @@
+"""What one training run needs, derived from the stack config and the TPU catalog.
+
+`run_spec(config, image)` is the single place where stack choices become run facts: the shape
+(a batch/v1 Job for one host, a JobSet otherwise), pods per slice, chips per pod, node selectors,
+bucket paths, the trainer's command line and environment. `workloads.manifests` turns a RunSpec
+into Kubernetes objects without deciding anything itself.
+"""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from infra.cluster import CPU_POOL_NAME
+from infra.config import StackConfig, TpuConfig
+from trainer import exitcodes
+
+# The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
+TRAINER_UID = 1000
+DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
+ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles
+PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
+# SIGTERM reaches the trainer, which checkpoints at the next step (one step plus an Orbax save of
+# parameters and optimizer state through the FUSE mount) and exits with exitcodes.RETRY. Five
+# minutes covers Gemma 3 up to 4B; Spot VMs give 30 s whatever is set, and then the last interval
+# checkpoint is what the restart resumes from.
+TERMINATION_GRACE_SECONDS = 300
+# Data preparation downloads and tokenizes the corpus once (TinyStories: ~2 GB of text). Past this
+# it is stopped, and training pods waiting for its output give up after the same time.
+PREPARE_DEADLINE_SECONDS = 2 * 3600
+# Exit codes after which a run is restarted (from its last checkpoint): the trainer's own "I
+# checkpointed, retry me", and the SIGTERM (128+15) / SIGKILL (128+9) of a preemption or eviction.
+# Any other non-zero code is a code or config error and fails the run at once.
+RETRYABLE_EXIT_CODES = (exitcodes.RETRY, 128 + 9, 128 + 15)
+
+# Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from).
+_CAPACITY_SELECTORS = {
+    "on-demand": {},
+    "spot": {"cloud.google.com/gke-spot": "true"},
+    "flex-start": {"cloud.google.com/gke-flex-start": "true"},
+}
+_RESERVATION_LABEL = "cloud.google.com/reservation-name"
+_NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+_NAME_HASH_CHARS = 8
+
+
+def capacity_node_selector(tpu: TpuConfig) -> dict[str, str]:
+    """The node labels that pick the configured capacity (Spot, a reservation, flex-start)."""
+    if tpu.capacity == "reservation":
+        return {_RESERVATION_LABEL: tpu.reservation}
+    return dict(_CAPACITY_SELECTORS[tpu.capacity])
+
+
+Shape = Literal["job", "jobset"]
+
+
+def run_shape(config: StackConfig) -> Shape:
+    """A batch/v1 Job for a single host; a JobSet as soon as there are several pods."""
+    return "job" if config.total_hosts == 1 else "jobset"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    name: str  # the Job / JobSet name: runName plus a hash of everything the run depends on
+    namespace: str
+    service_account: str  # the Kubernetes ServiceAccount (infra.identity)
+    google_service_account: str  # the Google account it acts as (Workload Identity)
+    image: str
+    shape: Shape
+    slices: int  # JobSet replicas: one Job per slice
+    hosts_per_slice: int  # pods per slice, one per TPU host
+    chips_per_host: int  # each pod's `google.com/tpu` request
+    tpu_node_selector: dict[str, str]
+    cpu_node_selector: dict[str, str]  # data preparation; empty on Autopilot (GKE picks the node)
+    data_bucket: str
+    artifacts_bucket: str
+    dataset: str  # https:// URL or gs:// path of the raw text
+    prepared_dir: str  # the prepared shards, relative to the data bucket
+    prepare_name: str  # the data preparation Job's name (one per dataset)
+    run_dir: str  # this run's directory, relative to the artifacts bucket
+    trainer_args: tuple[str, ...]
+    trainer_env: dict[str, str]
+    max_restarts: int
+    profiling: bool
+
+    @property
+    def multislice(self) -> bool:
+        return self.slices > 1
+
+    @property
+    def prepared_marker(self) -> str:
+        """Written last by `trainer.prepare`: its presence means the shards are complete."""
+        return f"{DATA_MOUNT}/{self.prepared_dir}/meta.json"
+
+    @property
+    def tensorboard_url(self) -> str:
+        return f"gs://{self.artifacts_bucket}/{self.run_dir}/tensorboard"
+
+
+def _short_hash(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:_NAME_HASH_CHARS]
+
+
+def run_spec(config: StackConfig, *, image: str) -> RunSpec:
+    """The run of `config` with `image`: a change to the training config, the image or the slice
+    shape gives a new name, hence a new run with its own checkpoints; no change, the same run."""
+    training = config.training
+    # Shards depend only on the corpus (the tokenizer is the model family's, see trainer.prepare).
+    prepared_key = _short_hash({"dataset": training.dataset})
+    name = f"{training.run_name}-{_short_hash({'training': asdict(training), 'image': image, 'tpu': asdict(config.tpu)})}"
+    run_dir = f"runs/{name}"
+    return RunSpec(
+        name=name,
+        namespace=config.namespace,
+        service_account=config.service_account,
+        google_service_account=f"{config.training_service_account_id}@{config.project}.iam.gserviceaccount.com",
+        image=image,
+        shape=run_shape(config),
+        slices=config.tpu.slices,
+        hosts_per_slice=config.slice.hosts,
+        chips_per_host=config.slice.chips_per_host,
+        tpu_node_selector={**config.slice.node_selector, **capacity_node_selector(config.tpu)},
+        cpu_node_selector={_NODE_POOL_LABEL: CPU_POOL_NAME} if config.cluster_mode == "standard" else {},
+        data_bucket=config.data_bucket,
+        artifacts_bucket=config.artifacts_bucket,
+        dataset=training.dataset,
+        prepared_dir=f"prepared/{prepared_key}",
+        prepare_name=f"prepare-data-{prepared_key}",
+        run_dir=run_dir,
+        trainer_args=_trainer_args(config, f"{DATA_MOUNT}/prepared/{prepared_key}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
+        trainer_env={"MEGASCALE_NUM_SLICES": str(config.tpu.slices)},
+        max_restarts=training.max_restarts,
+        profiling=training.profiling,
+    )
+
+
+def _trainer_args(config: StackConfig, data_dir: str, run_dir: str) -> tuple[str, ...]:
+    training = config.training
+    length = ("--steps", str(training.steps)) if training.steps else ("--epochs", str(training.epochs))
+    args = [
+        "--model", training.model,
+        "--weights", training.weights,
+        "--data", data_dir,
+        "--seq-len", str(training.seq_len),
+        "--batch-size", str(training.batch_size),
+        *length,
+        "--lr", repr(training.learning_rate),
+        "--lora-rank", str(training.lora_rank),
+        "--workdir", run_dir,
+        "--checkpoint-dir", f"{run_dir}/checkpoints",
+        "--checkpoint-interval", str(training.checkpoint_interval),
+        "--tensorboard-dir", f"{run_dir}/tensorboard",
+    ]  # fmt: skip
+    if training.profiling:
+        args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]
+    return tuple(args)

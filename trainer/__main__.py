@@ -1,0 +1,29 @@
+"""`python -m trainer`: fine-tune; exits 0 when done, exitcodes.RETRY after a preemption checkpoint,
+exitcodes.USER_ERROR with one line on stderr for a problem the user can fix."""
+
+import sys
+
+from trainer import exitcodes
+from trainer.errors import UserError
+
+
+def main(argv=None) -> int:
+    try:
+        from trainer.config import parse_config
+
+        config = parse_config(argv)
+        from trainer import loop  # JAX and gemma load only once the flags are known to be good
+
+        try:
+            loop.train(config)
+        except loop.Preempted as preempted:
+            print(f"trainer: {preempted}", file=sys.stderr)
+            return exitcodes.RETRY
+    except UserError as error:
+        print(f"trainer: error: {error}", file=sys.stderr)
+        return exitcodes.USER_ERROR
+    return exitcodes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The trainer's options: one table of flags, a YAML file with the same keys, and the `tiny` preset.
+
+Precedence, lowest first: built-in defaults, `--preset`, the `--config` YAML file, the command line.
+Every bad value raises `UserError` naming the flag (or the YAML key and file) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from trainer.errors import UserError
+
+MODEL_NAMES = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "gemma3-12b", "gemma3-27b", "tiny")
+LR_SCHEDULES = ("cosine", "constant")
+PRESETS = ("tiny",)
+MESH_AXES = ("data", "fsdp")
+# Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
+DISTRIBUTED_ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The resolved options of one run (written to WORKDIR/config.json)."""
+
+    model: str = "gemma3-270m"
+    weights: str = "official"  # official | random | a local or gs:// checkpoint path
+    tokenizer: str | None = None  # None: the model's official tokenizer (required for `tiny`)
+    data: str | None = None  # raw text file or a `trainer.prepare` output directory
+    seq_len: int = 256
+    batch_size: int = 128  # global, over all processes
+    steps: int | None = None  # None: train `epochs` passes over the data
+    epochs: int = 1
+    lr: float = 2e-5
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lora_rank: int = 0
+    eval_fraction: float = 0.01
+    eval_interval: int = 500
+    checkpoint_dir: str | None = None  # None: WORKDIR/checkpoints
+    checkpoint_interval: int = 500
+    keep_checkpoints: int = 3
+    workdir: str = "runs/train"
+    seed: int = 0
+    preset: str | None = None
+    log_interval: int = 10
+    tensorboard_dir: str | None = None  # None: WORKDIR/tensorboard
+    profile_port: int | None = None
+    profile_dir: str | None = None
+    mesh: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1, "fsdp": 1})
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    samples: bool = True
+
+    @property
+    def resolved_checkpoint_dir(self) -> str:
+        return self.checkpoint_dir or str(pathlib.Path(self.workdir) / "checkpoints")
+
+    @property
+    def resolved_tensorboard_dir(self) -> str:
+        return self.tensorboard_dir or str(pathlib.Path(self.workdir) / "tensorboard")
+
+
+# `--preset tiny`: the local CPU demo (a few minutes on 2 cores). Data and tokenizer are generated
+# in the workdir when not given (see trainer.loop).
+PRESET_VALUES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        model="tiny",
+        weights="random",
+        seq_len=128,
+        batch_size=16,
+        steps=300,
+        lr=3e-3,
+        warmup_steps=30,
+        weight_decay=0.01,
+        eval_fraction=0.05,
+        eval_interval=100,
+        checkpoint_interval=100,
+        log_interval=10,
+        workdir="runs/demo",
+    ),
+}
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """`data=-1,fsdp=1` -> {"data": -1, "fsdp": 1}; -1 (at most one axis) fills the remaining devices."""
+    mesh = {axis: 1 for axis in MESH_AXES}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        name = name.strip()
+        if not sep or name not in MESH_AXES:
+            raise argparse.ArgumentTypeError(f"expected AXIS=SIZE pairs over {', '.join(MESH_AXES)} (e.g. data=-1,fsdp=4), got {text!r}")
+        try:
+            mesh[name] = int(size)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"axis {name} needs an integer size, got {size!r}") from None
+        if mesh[name] == 0 or mesh[name] < -1:
+            raise argparse.ArgumentTypeError(f"axis {name} must be a positive size or -1, got {size!r}")
+    if list(mesh.values()).count(-1) > 1:
+        raise argparse.ArgumentTypeError(f"at most one axis may be -1, got {text!r}")
+    return mesh
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad flag as a UserError (one line, exit USER_ERROR) instead of usage text."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see python -m trainer --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Every default is SUPPRESS so that the parsed namespace holds only what the user gave;
+    # TrainConfig and PRESET_VALUES hold the defaults.
+    parser = _Parser(
+        prog="python -m trainer",
+        description="Fine-tune Gemma 3 (or a tiny Gemma-architecture model on CPU) on packed, masked text batches.",
+        argument_default=argparse.SUPPRESS,
+    )
+    d = TrainConfig()
+    add = parser.add_argument
+    add("--model", choices=MODEL_NAMES, help=f"model to fine-tune (default {d.model})")
+    add("--weights", help="initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default official)")
+    add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
+    add("--data", help="a raw text file (documents separated by <|endoftext|>) or a directory made by python -m trainer.prepare")
+    add("--seq-len", type=_positive_int, help=f"tokens per packed row (default {d.seq_len})")
+    add("--batch-size", type=_positive_int, help=f"global batch size in rows, over all processes (default {d.batch_size})")
+    add("--steps", type=_positive_int, help="training steps; when unset, --epochs passes over the data")
+    add("--epochs", type=_positive_int, help=f"passes over the data when --steps is unset (default {d.epochs})")
+    add("--lr", type=_positive_float, help=f"peak learning rate (default {d.lr})")
+    add("--lr-schedule", choices=LR_SCHEDULES, help=f"after the linear warmup: cosine decay to 0 or constant (default {d.lr_schedule})")
+    add("--warmup-steps", type=_non_negative_int, help=f"linear warmup steps (default {d.warmup_steps})")
+    add("--weight-decay", type=_non_negative_float, help=f"AdamW weight decay on matrices (default {d.weight_decay})")
+    add("--grad-clip", type=_positive_float, help=f"clip gradients to this global norm (default {d.grad_clip})")
+    add("--lora-rank", type=_non_negative_int, help="LoRA rank; 0 = full fine-tune (default 0)")
+    add("--eval-fraction", type=_fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")
+    add("--eval-interval", type=_positive_int, help=f"steps between evaluations (default {d.eval_interval})")
+    add("--checkpoint-dir", help="Orbax checkpoints, a local directory or gs:// path; a run resumes from its latest (default WORKDIR/checkpoints)")
+    add("--checkpoint-interval", type=_positive_int, help=f"steps between checkpoints (default {d.checkpoint_interval})")
+    add("--keep-checkpoints", type=_positive_int, help=f"checkpoints kept (default {d.keep_checkpoints})")
+    add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")
+    add("--seed", type=_int, help=f"seed for initialisation and data order (default {d.seed})")
+    add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run)")
+    add("--config", help="YAML file whose keys are these flags' names with underscores; flags given here override it")
+    add("--log-interval", type=_positive_int, help=f"steps between metric reports (default {d.log_interval})")
+    add("--tensorboard-dir", help="TensorBoard event directory (default WORKDIR/tensorboard)")
+    add("--profile-port", type=_positive_int, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
+    add("--profile-dir", help="write a profiler trace of a few early steps here")
+    add("--mesh", type=parse_mesh, help="device mesh axis sizes, -1 fills (default data=-1,fsdp=1)")
+    add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
+    add("--num-processes", type=_positive_int, help=f"number of processes (env {DISTRIBUTED_ENV['num_processes']})")
+    add("--process-id", type=_non_negative_int, help=f"this process's index (env {DISTRIBUTED_ENV['process_id']})")
+    add("--samples", action=argparse.BooleanOptionalAction, help="print sample generations from fixed prompts before and after training (default on)")
+    return parser
+
+
+def _yaml_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Turns the YAML file into flags, so the file and the command line share one validation."""
+    try:
+        values = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"--config {path}: file not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise UserError(f"--config {path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if values is None:
+        return []
+    if not isinstance(values, dict):
+        raise UserError(f"--config {path}: expected a mapping of option names to values")
+    known = {action.dest for action in parser._actions if action.dest not in ("help", "config")}
+    unknown = sorted(str(key) for key in values if key not in known)
+    if unknown:
+        raise UserError(f"--config {path}: unknown keys {', '.join(unknown)} (keys are the flag names with underscores, e.g. seq_len)")
+    argv = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "samples":
+            if not isinstance(value, bool):
+                raise UserError(f"--config {path}: samples expects true or false, got {value!r}")
+            argv.append(flag if value else "--no-samples")
+        elif key == "mesh" and isinstance(value, dict):
+            argv += [flag, ",".join(f"{axis}={size}" for axis, size in value.items())]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _parse_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    try:
+        return vars(parser.parse_args(_yaml_argv(path, parser)))
+    except UserError as error:
+        raise UserError(f"--config {path}: {error}") from None
+
+
+def _environment_values() -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, env_name in DISTRIBUTED_ENV.items():
+        text = os.environ.get(env_name)
+        if text:
+            if key == "coordinator_address":
+                values[key] = text
+            else:
+                try:
+                    values[key] = int(text)
+                except ValueError:
+                    raise UserError(f"environment variable {env_name}: expected an integer, got {text!r}") from None
+    return values
+
+
+def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """Resolves defaults, preset, YAML file, environment and flags into one TrainConfig."""
+    parser = build_parser()
+    command_line = vars(parser.parse_args(argv))
+    from_file = _parse_yaml(command_line.pop("config"), parser) if "config" in command_line else {}
+    explicit = {**_environment_values(), **from_file, **command_line}
+    preset = explicit.get("preset")
+    config = TrainConfig(**{**(PRESET_VALUES[preset] if preset else {}), **explicit})
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: TrainConfig) -> None:
+    if config.model == "tiny" and config.weights == "official":
+        raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
+    if config.preset is None:
+        if config.data is None:
+            raise UserError("--data is required: a raw text file or a python -m trainer.prepare directory (or use --preset tiny)")
+        if config.model == "tiny" and config.tokenizer is None:
+            raise UserError("--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny")

@@ -1,0 +1,381 @@
+"""One training run, top to bottom: inputs, model, state (fresh or resumed), the step loop, export.
+
+Read it in order: `train()` calls the helpers below it in the order a run needs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import pathlib
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+
+from trainer import checkpoint, flops, hardware, mesh, models, sampling, step
+from trainer.config import TrainConfig
+from trainer.errors import UserError
+
+# The demo's generated inputs (`--preset tiny` without --data / --tokenizer).
+DEMO_STORIES = 4000
+DEMO_VOCAB_SIZE = 512
+# Steps after the first of a run whose profile `--profile-dir` captures (past compilation).
+PROFILE_STEPS = range(3, 6)
+
+
+class Preempted(Exception):
+    """Raised after the preemption checkpoint; the entry point exits with exitcodes.RETRY."""
+
+    def __init__(self, step: int):
+        super().__init__(f"preempted: checkpointed step {step}, restart to resume")
+        self.step = step
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    data: object  # trainer.data.TokenizedData
+    tokenizer: object  # trainer.tokenizer.Tokenizer
+    data_source: str
+    tokenizer_path: str
+
+
+def train(config: TrainConfig) -> dict:
+    """Runs (or resumes) the training described by `config`; returns the final metrics."""
+    distributed = mesh.initialize_distributed(
+        coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
+    )
+    is_main = jax.process_index() == 0
+    workdir = pathlib.Path(config.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if config.profile_port:
+        jax.profiler.start_server(config.profile_port)
+
+    inputs = resolve_inputs(config, workdir)
+    model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size)
+    models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
+    # bfloat16 on TPU/GPU; float32 on CPU, where bfloat16 matmuls are emulated and slower (measured ~1.5x).
+    compute_dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
+    shard = lambda tree: mesh.state_shardings(device_mesh, tree)  # noqa: E731
+    _check_batch(config, device_mesh)
+
+    from trainer import data as data_lib
+
+    total_steps = config.steps or config.epochs * data_lib.steps_per_epoch(
+        inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, eval_fraction=config.eval_fraction
+    )
+    optimizer_config = step.OptimizerConfig(
+        lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
+        weight_decay=config.weight_decay, grad_clip=config.grad_clip,
+    )
+    optimizer = step.build_optimizer(optimizer_config)
+    train_batches = data_lib.batches(
+        inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, seed=config.seed, split="train",
+        eval_fraction=config.eval_fraction, epochs=None if config.steps else config.epochs,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+    )
+    checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints)
+    resume_step = checkpointer.latest_step()
+
+    trained, frozen = initial_params(config, model_config, shard, resuming=resume_step is not None)
+    if frozen is not None:
+        frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)
+    if resume_step is None:
+        state = step.init_state(trained, optimizer, state_shardings_fn=shard)
+        start_step = 0
+    else:
+        abstract = _abstract_state(trained, optimizer, shard)
+        state = checkpointer.restore(resume_step, abstract, train_batches)
+        start_step = resume_step
+
+    model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
+    per_device_tokens = config.batch_size * config.seq_len // device_mesh.size
+    from trainer.loss import choose_vocab_chunk
+
+    functions = step.make_step_functions(
+        model, optimizer, compute_dtype=compute_dtype, lora=bool(config.lora_rank), softcap=model_config.final_logit_softcap,
+        vocab_chunk=choose_vocab_chunk(per_device_tokens, model_config.num_embed), state_shardings=shard(state),
+    )
+    if is_main:
+        write_resolved_config(config, workdir, model_config=model_config, inputs=inputs, total_steps=total_steps,
+                              mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype)
+
+    from trainer.metrics import MetricsReporter
+
+    with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
+                         is_main_process=is_main, start_step=start_step + 1) as reporter:
+        if resume_step is not None:
+            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}")
+        forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype, bool(config.lora_rank))  # noqa: E731
+        if config.samples:
+            reporter.text("samples/before", start_step, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
+        loop = _StepLoop(
+            config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
+            checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(optimizer_config), inputs=inputs,
+            flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
+            preemption=_PreemptionNotice(distributed),
+        )
+        try:
+            state, final_metrics = loop.run(state, train_batches, start_step)
+        finally:
+            checkpointer.close()
+        if config.samples:
+            reporter.text("samples/after", total_steps, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
+    export_final(config, workdir, state, frozen)
+    if is_main:
+        from trainer.plot import plot_loss
+
+        plot_loss(workdir / "metrics.jsonl", workdir / "loss.png")
+    return final_metrics
+
+
+def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
+    """The tokenizer and the opened data; `--preset tiny` generates what it is not given."""
+    from trainer import data as data_lib
+    from trainer import tokenizer as tokenizer_lib
+
+    generated = workdir / "data"
+    data_source = config.data
+    if data_source is None:  # only with --preset (parse_config requires --data otherwise)
+        data_source = str(generated / "corpus.txt")
+        if not pathlib.Path(data_source).exists():
+            from trainer.corpus import write_corpus
+
+            write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
+    tokenizer_path = config.tokenizer
+    if tokenizer_path is None:
+        if config.model == models.TINY:
+            tokenizer_path = str(generated / "tokenizer.model")
+            if not pathlib.Path(tokenizer_path).exists():
+                tokenizer_lib.train_tokenizer(data_source, tokenizer_path, vocab_size=DEMO_VOCAB_SIZE, seed=config.seed)
+        else:
+            tokenizer_path = models.OFFICIAL_TOKENIZER
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    data = data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"))
+    return Inputs(data=data, tokenizer=tokenizer, data_source=data_source, tokenizer_path=tokenizer_path)
+
+
+def _check_batch(config: TrainConfig, device_mesh) -> None:
+    for divisor, what in ((device_mesh.size, f"the {device_mesh.size} devices"), (jax.process_count(), f"the {jax.process_count()} processes")):
+        if config.batch_size % divisor:
+            raise UserError(f"--batch-size {config.batch_size} must be a multiple of {what}")
+
+
+def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
+    """(trained, frozen): full fine-tune -> (all weights, None); LoRA -> (adapters, base weights).
+
+    A resumed full fine-tune restores every trained weight from the checkpoint, so only the
+    shapes are built here; a resumed LoRA run still needs its frozen base.
+    """
+    lora = bool(config.lora_rank)
+    if resuming and not lora:
+        init = lambda: models.init_params(model_config, seed=config.seed, out_shardings=shard)  # noqa: E731
+        return jax.eval_shape(init), None
+    if config.weights == "random":
+        base = models.init_params(model_config, seed=config.seed, out_shardings=shard)
+    else:
+        path = models.official_checkpoint(config.model) if config.weights == "official" else config.weights
+        base = models.load_weights(path, flag="--weights", out_shardings=shard)
+    if not lora:
+        return base, None
+    adapters = models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)
+    return adapters, base
+
+
+def _abstract_state(trained, optimizer, shard):
+    def build(params):
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
+
+    shapes = jax.eval_shape(build, trained)
+    return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shard(shapes))
+
+
+def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_config, inputs: Inputs, total_steps: int,
+                          mesh_shape: dict, compute_dtype) -> None:
+    resolved = {
+        **dataclasses.asdict(config),
+        "data": inputs.data_source,
+        "tokenizer": inputs.tokenizer_path,
+        "checkpoint_dir": config.resolved_checkpoint_dir,
+        "tensorboard_dir": config.resolved_tensorboard_dir,
+        "total_steps": total_steps,
+        "mesh": mesh_shape,
+        "process_count": jax.process_count(),
+        "device_kind": jax.devices()[0].device_kind,
+        "compute_dtype": jnp.dtype(compute_dtype).name,
+        "model_config": dataclasses.asdict(model_config),
+    }
+    (workdir / "config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+
+
+class _PreemptionNotice:
+    """Whether a SIGTERM arrived: JAX's preemption sync point after distributed init (all processes
+    agree on the step), else our own signal flag (one process)."""
+
+    def __init__(self, distributed: bool):
+        self._distributed = distributed
+        self._signalled = False
+        if not distributed:
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self._signalled = True
+
+    def reached(self, step_number: int) -> bool:
+        if self._distributed:
+            return multihost_utils.reached_preemption_sync_point(step_number)
+        return self._signalled
+
+
+@dataclasses.dataclass
+class _StepLoop:
+    config: TrainConfig
+    total_steps: int
+    mesh: object
+    functions: step.StepFunctions
+    frozen: object
+    checkpointer: checkpoint.Checkpointer
+    reporter: object
+    schedule: object
+    inputs: Inputs
+    flops_per_token: float
+    preemption: _PreemptionNotice
+    last_good_checkpoint: int | None = None
+
+    def run(self, state, train_batches, start_step: int):
+        config = self.config
+        self.last_good_checkpoint = start_step or None
+        throughput = _Throughput(self.config, self.flops_per_token)
+        final = {}
+        for step_number in range(start_step + 1, self.total_steps + 1):
+            try:
+                local_batch = next(train_batches)
+            except StopIteration:
+                break
+            self._profile(step_number - start_step, before=True)
+            state, metrics = self.functions.train(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
+            self._profile(step_number - start_step, before=False, metrics=metrics)
+            throughput.add(metrics)
+            last = step_number == self.total_steps
+            due_log = step_number % config.log_interval == 0 or last
+            due_eval = config.eval_fraction > 0 and (step_number % config.eval_interval == 0 or last)
+            due_checkpoint = step_number % config.checkpoint_interval == 0 or last
+            preempted = self.preemption.reached(step_number)
+            if not (due_log or due_eval or due_checkpoint or preempted):
+                continue
+            values = {key: float(value) for key, value in jax.device_get(metrics).items()}
+            self._check_finite(step_number, values)
+            report = {}
+            if due_log:
+                report = {"loss": values["loss"], "learning_rate": float(self.schedule(step_number - 1)), "grad_norm": values["grad_norm"]}
+                report.update(throughput.measure())
+                final = {"step": step_number, **report}
+            if due_eval:
+                report.update(self._evaluate(state))
+            if report:
+                self.reporter.report(step_number, report)
+            if due_checkpoint or preempted:
+                self.checkpointer.save(step_number, state, train_batches)
+                self.last_good_checkpoint = step_number
+            if preempted and not last:
+                self.checkpointer.close()
+                raise Preempted(step_number)
+            throughput.restart()  # eval and checkpoint time is not step time
+        return state, final
+
+    def _evaluate(self, state) -> dict:
+        from trainer import data as data_lib
+
+        config = self.config
+        eval_batches = data_lib.batches(
+            self.inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, seed=config.seed, split="eval",
+            eval_fraction=config.eval_fraction, epochs=1, process_index=jax.process_index(),
+            process_count=jax.process_count(), prefetch=False,
+        )
+        total, count = 0.0, 0.0
+        for local_batch in eval_batches:
+            batch_total, batch_count = self.functions.evaluate(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
+            total, count = total + float(batch_total), count + float(batch_count)
+        if count == 0:
+            return {}
+        eval_loss = total / count
+        return {"eval_loss": eval_loss, "eval_perplexity": math.exp(min(eval_loss, 700.0))}
+
+    def _check_finite(self, step_number: int, values: dict) -> None:
+        if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
+            kept = (
+                f"the last good checkpoint is step {self.last_good_checkpoint} in {self.checkpointer.directory}"
+                if self.last_good_checkpoint
+                else "no checkpoint was written"
+            )
+            raise UserError(
+                f"training diverged: loss {values['loss']}, gradient norm {values['grad_norm']} at step {step_number}; "
+                f"{kept}; lower --lr or raise --warmup-steps"
+            )
+
+    def _profile(self, run_step: int, *, before: bool, metrics=None) -> None:
+        """Traces PROFILE_STEPS of this run into --profile-dir."""
+        if not self.config.profile_dir:
+            return
+        if before and run_step == PROFILE_STEPS.start:
+            jax.profiler.start_trace(self.config.profile_dir)
+        elif not before and run_step == PROFILE_STEPS[-1]:
+            jax.block_until_ready(metrics)
+            jax.profiler.stop_trace()
+
+
+class _Throughput:
+    """Tokens per second, step time and MFU over the steps since the last restart.
+
+    The first step of a run compiles, so timing starts when it has finished.
+    """
+
+    def __init__(self, config: TrainConfig, flops_per_token: float):
+        self._positions_per_step = config.batch_size * config.seq_len
+        self._flops_per_token = flops_per_token
+        self._peak = hardware.peak_bf16_flops(jax.devices()[0].device_kind)
+        self._start = None
+        self._token_counts = []
+
+    def add(self, metrics) -> None:
+        if self._start is None:
+            jax.block_until_ready(metrics)
+            self.restart()
+        else:
+            self._token_counts.append(metrics["tokens"])
+
+    def restart(self) -> None:
+        self._start, self._token_counts = time.perf_counter(), []
+
+    def measure(self) -> dict:
+        steps = len(self._token_counts)
+        if not steps:
+            return {}
+        elapsed = time.perf_counter() - self._start
+        devices = jax.device_count()
+        tokens_per_sec = sum(float(count) for count in self._token_counts) / elapsed
+        # Every position is computed, padding included, so MFU counts them all.
+        positions_per_sec_per_device = self._positions_per_step * steps / elapsed / devices
+        return {
+            "tokens_per_sec": tokens_per_sec,
+            "tokens_per_sec_per_device": tokens_per_sec / devices,
+            "step_time_s": elapsed / steps,
+            "mfu": flops.model_flops_utilization(positions_per_sec_per_device, self._flops_per_token, self._peak),
+        }
+
+
+def export_final(config: TrainConfig, workdir: pathlib.Path, state, frozen) -> None:
+    """WORKDIR/export/params: a plain Gemma tree for gm.ckpts.load_params (LoRA merged in);
+    with LoRA also WORKDIR/export/lora, the adapters alone."""
+    export_dir = workdir / "export"
+    if config.lora_rank:
+        checkpoint.export_params(state["params"], export_dir / "lora")
+        joined = models.join_lora(jax.tree.map(lambda p: p.astype(jnp.float32), frozen), state["params"])
+        checkpoint.export_params(models.merge_lora_into_base(joined), export_dir / "params")
+    else:
+        checkpoint.export_params(state["params"], export_dir / "params")

@@ -1,0 +1,95 @@
+"""Next-token cross-entropy on packed rows, without materialising full logits when they would be large.
+
+A packed row holds several documents: `positions` restart at 0 in each, and the attention mask is
+block-diagonal causal from `segment_ids`, so a token sees only earlier tokens of its own document.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Logits of more elements than this ([tokens, vocab]) are computed in vocabulary chunks instead.
+# 2**26 float32 = 256 MiB per device; Gemma's 262,144 vocabulary passes it from 256 tokens on.
+MAX_LOGITS_ELEMENTS = 2**26
+VOCAB_CHUNK = 16_384
+
+
+def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, L] segment ids -> [B, L, L] bool: query i sees key j <= i of the same segment."""
+    length = segment_ids.shape[-1]
+    same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    return same_segment & causal
+
+
+def hidden_states(model, params, batch) -> jax.Array:
+    """Final hidden states [B, L, D]; the logits the model also returns are unused and compiled away."""
+    output = model.apply(
+        {"params": params},
+        batch["input_tokens"],
+        positions=batch["positions"],
+        attention_mask=packed_attention_mask(batch["segment_ids"]),
+        return_hidden_states=True,
+    )
+    return output.hidden_states
+
+
+def _softcap(logits: jax.Array, cap: float | None) -> jax.Array:
+    return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+
+def _logits(hidden: jax.Array, embedding: jax.Array, cap: float | None) -> jax.Array:
+    logits = jnp.einsum("nd,vd->nv", hidden, embedding, preferred_element_type=jnp.float32)
+    return _softcap(logits, cap)
+
+
+def token_losses(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, softcap: float | None = None, vocab_chunk: int | None = None) -> jax.Array:
+    """Per-token -log p(target) [B, L] from hidden states [B, L, D] and the tied embedding [V, D].
+
+    With `vocab_chunk`, log-sum-exp is accumulated over vocabulary chunks under `jax.checkpoint`, so
+    neither the forward nor the backward pass holds more than [tokens, vocab_chunk] logits.
+    """
+    batch_shape = targets.shape
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    targets = targets.reshape(-1)
+    target_logits = _softcap(
+        jnp.einsum("nd,nd->n", hidden, embedding[targets], preferred_element_type=jnp.float32), softcap
+    )
+    vocab_size = embedding.shape[0]
+    if vocab_chunk is None or vocab_chunk >= vocab_size:
+        log_normalizer = jax.nn.logsumexp(_logits(hidden, embedding, softcap), axis=-1)
+    else:
+        log_normalizer = _chunked_logsumexp(hidden, embedding, softcap, vocab_chunk)
+    return (log_normalizer - target_logits).reshape(batch_shape)
+
+
+def _chunked_logsumexp(hidden, embedding, softcap, vocab_chunk: int) -> jax.Array:
+    vocab_size, dim = embedding.shape
+    num_chunks = -(-vocab_size // vocab_chunk)
+    padding = num_chunks * vocab_chunk - vocab_size
+    chunks = jnp.pad(embedding, ((0, padding), (0, 0))).reshape(num_chunks, vocab_chunk, dim)
+    valid = (jnp.arange(num_chunks * vocab_chunk) < vocab_size).reshape(num_chunks, vocab_chunk)
+
+    @jax.checkpoint
+    def chunk_logsumexp(chunk, chunk_valid):
+        logits = jnp.where(chunk_valid, _logits(hidden, chunk, softcap), -jnp.inf)
+        return jax.nn.logsumexp(logits, axis=-1)
+
+    per_chunk = jax.lax.map(lambda args: chunk_logsumexp(*args), (chunks, valid))  # [chunks, tokens]
+    return jax.nn.logsumexp(per_chunk, axis=0)
+
+
+def choose_vocab_chunk(tokens: int, vocab_size: int) -> int | None:
+    """None (plain logits) when [tokens, vocab] logits are small, else VOCAB_CHUNK."""
+    return None if tokens * vocab_size <= MAX_LOGITS_ELEMENTS else VOCAB_CHUNK
+
+
+def loss_sums(model, params, batch, *, softcap: float | None, vocab_chunk: int | None) -> tuple[jax.Array, jax.Array]:
+    """(sum of masked token losses, number of masked tokens): the mean is their ratio, computed by
+    the caller over the whole global batch so that padding never dilutes it."""
+    hidden = hidden_states(model, params, batch)
+    embedding = params["embedder"]["input_embedding"]
+    losses = token_losses(hidden, embedding, batch["target_tokens"], softcap=softcap, vocab_chunk=vocab_chunk)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    return jnp.sum(losses * mask), jnp.sum(mask)

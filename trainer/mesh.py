@@ -1,0 +1,139 @@
+"""Processes, devices and shardings: distributed init, the (data, fsdp) mesh, FSDP rules, global batches.
+
+Batches are split over both axes (FSDP is data parallel too); parameters and optimizer state are
+replicated over `data` and, when large, split over `fsdp`. With several slices (MEGASCALE_NUM_SLICES),
+`data` spans the slices over DCN and `fsdp` stays inside a slice on ICI (REFERENCE 3).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from trainer.errors import UserError
+
+BATCH_AXES = ("data", "fsdp")
+# Arrays smaller than this stay replicated: splitting norms and biases saves nothing and costs collectives.
+MIN_FSDP_ELEMENTS = 2**16
+_ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin")
+
+
+def _accelerator_installed() -> bool:
+    """Whether JAX will find a TPU or GPU, decided without initialising a backend (initialize must come first)."""
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return False
+    return any(importlib.util.find_spec(name) is not None for name in _ACCELERATOR_PLUGINS)
+
+
+def initialize_distributed(*, coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> bool:
+    """Calls jax.distributed.initialize() where it applies; returns whether it did.
+
+    Given explicitly (flags or JAX_* env): those. On TPU/GPU: JAX's cluster auto-detection (GKE,
+    multislice), so that even one host gets the preemption service that turns SIGTERM into a sync
+    point. On CPU without them: skipped, single process.
+    """
+    explicit = (coordinator_address, num_processes, process_id)
+    if any(value is not None for value in explicit):
+        if any(value is None for value in explicit):
+            raise UserError("--coordinator-address, --num-processes and --process-id go together: give all three or none")
+        if process_id >= num_processes:
+            raise UserError(f"--process-id {process_id} must be below --num-processes {num_processes}")
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
+        return True
+    if not _accelerator_installed():
+        return False
+    try:
+        jax.distributed.initialize()
+    except ValueError:
+        # No cluster detected (e.g. a lone GPU box): become a one-process job of our own.
+        jax.distributed.initialize(coordinator_address=f"localhost:{_free_port()}", num_processes=1, process_id=0)
+    return True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def num_slices() -> int:
+    """Slices of a multislice job; the workload sets MEGASCALE_NUM_SLICES from the TPU catalog."""
+    text = os.environ.get("MEGASCALE_NUM_SLICES", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise UserError(f"environment variable MEGASCALE_NUM_SLICES: expected an integer, got {text!r}") from None
+
+
+def resolve_axis_sizes(requested: Mapping[str, int], device_count: int) -> dict[str, int]:
+    """Fills the -1 axis so that the sizes multiply to `device_count`."""
+    fixed = math.prod(size for size in requested.values() if size != -1)
+    sizes = dict(requested)
+    for axis, size in requested.items():
+        if size == -1:
+            if device_count % fixed:
+                raise UserError(f"--mesh {_describe(requested)}: {device_count} devices do not divide by {fixed}")
+            sizes[axis] = device_count // fixed
+    if math.prod(sizes.values()) != device_count:
+        raise UserError(f"--mesh {_describe(requested)}: needs {math.prod(sizes.values())} devices, this job has {device_count}")
+    return sizes
+
+
+def _describe(sizes: Mapping[str, int]) -> str:
+    return ",".join(f"{axis}={size}" for axis, size in sizes.items())
+
+
+def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = resolve_axis_sizes(requested, len(devices))
+    shape = tuple(sizes[axis] for axis in BATCH_AXES)
+    if slices == 1:
+        return Mesh(mesh_utils.create_device_mesh(shape, devices), BATCH_AXES)
+    if sizes["data"] % slices:
+        raise UserError(f"--mesh {_describe(sizes)}: the data axis must be a multiple of the {slices} slices")
+    ici_shape = (sizes["data"] // slices, sizes["fsdp"])
+    dcn_shape = (slices, 1)
+    return Mesh(mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices), BATCH_AXES)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def fsdp_spec(shape: tuple[int, ...], fsdp_size: int) -> PartitionSpec:
+    """Splits the largest axis that `fsdp_size` divides, for arrays worth splitting."""
+    if fsdp_size == 1 or math.prod(shape) < MIN_FSDP_ELEMENTS:
+        return PartitionSpec()
+    for axis in sorted(range(len(shape)), key=lambda i: -shape[i]):
+        if shape[axis] % fsdp_size == 0:
+            return PartitionSpec(*([None] * axis + ["fsdp"]))
+    return PartitionSpec()
+
+
+def state_shardings(mesh: Mesh, tree):
+    """NamedShardings for a tree of arrays (or ShapeDtypeStructs): params, optimizer state alike."""
+    fsdp_size = mesh.shape["fsdp"]
+    return jax.tree.map(lambda leaf: NamedSharding(mesh, fsdp_spec(tuple(leaf.shape), fsdp_size)), tree)
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """This process's rows -> global arrays; each process holds its own (different) rows."""
+    sharding = batch_sharding(mesh)
+    rows = next(iter(local_batch.values())).shape[0] * jax.process_count()
+    return {
+        key: jax.make_array_from_process_local_data(sharding, value, (rows, *value.shape[1:]))
+        for key, value in local_batch.items()
+    }

@@ -1,0 +1,169 @@
+"""Gemma 3 models from the `gemma` package, a tiny one for CPU, their weights, and LoRA.
+
+Parameters are float32 masters (the optimizer updates these); `trainer.loss` casts them to the
+compute dtype for the forward pass (REFERENCE 4: AdamW updates vanish in bfloat16 weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from gemma import gm, peft
+
+from trainer.errors import UserError
+
+Params = dict[str, Any]
+
+# Model name -> (gemma class, official pre-trained checkpoint). Text-only variants: this trainer
+# fine-tunes on text, so the vision tower of 4B+ is neither built nor loaded.
+_GEMMA3 = {
+    "gemma3-270m": ("Gemma3_270M", "GEMMA3_270M_PT"),
+    "gemma3-1b": ("Gemma3_1B", "GEMMA3_1B_PT"),
+    "gemma3-4b": ("Gemma3_4B", "GEMMA3_4B_PT"),
+    "gemma3-12b": ("Gemma3_12B", "GEMMA3_12B_PT"),
+    "gemma3-27b": ("Gemma3_27B", "GEMMA3_27B_PT"),
+}
+TINY = "tiny"
+OFFICIAL_TOKENIZER = str(gm.text.Gemma3Tokenizer.path)
+
+
+TINY_LAYERS = 4
+
+
+def tiny_config(vocab_size: int) -> gm.nn.config.TransformerConfig:
+    """A Gemma 3 architecture (GQA, QK-norm, local/global attention) small enough to train on a laptop CPU."""
+    return gm.nn.config.TransformerConfig(
+        num_embed=vocab_size,
+        embed_dim=128,
+        hidden_dim=512,
+        num_heads=4,
+        head_dim=32,
+        num_kv_heads=1,
+        attention_types=gm.nn.config.make_attention_layers_types(gm.nn.config.GEMMA3_ATTENTION_PATTERN, num_layers=TINY_LAYERS),
+        final_logit_softcap=None,
+        use_post_attn_norm=True,
+        use_post_ffw_norm=True,
+        use_qk_norm=True,
+        query_pre_attn_norm=gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+        attn_logits_soft_cap=None,
+        sliding_window_size=64,
+        transpose_gating_einsum=True,
+        local_base_frequency=10_000,
+        global_base_frequency=1_000_000,
+        vision_encoder=None,
+    )
+
+
+def model_config(name: str, *, vocab_size: int) -> gm.nn.config.TransformerConfig:
+    """The text TransformerConfig of a model; `vocab_size` (the tokenizer's) sizes only `tiny`."""
+    if name == TINY:
+        return tiny_config(vocab_size)
+    config = getattr(gm.nn, _GEMMA3[name][0]).config
+    return dataclasses.replace(config, vision_encoder=None)
+
+
+def check_vocabulary(name: str, config: gm.nn.config.TransformerConfig, *, tokenizer_path: str, vocab_size: int) -> None:
+    if vocab_size > config.num_embed:
+        raise UserError(
+            f"--tokenizer {tokenizer_path}: its vocabulary ({vocab_size} pieces) does not fit --model {name} "
+            f"({config.num_embed} embeddings); use the model's own tokenizer"
+        )
+
+
+def official_checkpoint(name: str) -> str:
+    if name == TINY:
+        raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
+    return str(gm.ckpts.CheckpointPath[_GEMMA3[name][1]])
+
+
+def build_model(config: gm.nn.config.TransformerConfig, *, dtype, lora_rank: int = 0):
+    """The flax module; `dtype` is the dtype its parameters (and hence its computation) have."""
+    model = gm.nn.Transformer(config=config, dtype=dtype)
+    if lora_rank:
+        model = gm.nn.LoRA(rank=lora_rank, model=model, dtype=dtype)
+    return model
+
+
+def _dummy_tokens() -> jax.Array:
+    return jnp.ones((1, 8), jnp.int32)
+
+
+def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None) -> Params:
+    """Random float32 parameters (base + adapters when lora_rank), created already sharded."""
+    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
+
+    def init(key):
+        return model.init(key, _dummy_tokens())["params"]
+
+    shardings = out_shardings(jax.eval_shape(init, jax.random.key(seed))) if out_shardings else None
+    return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
+
+
+def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable | None = None) -> Params:
+    """Only the LoRA adapter weights (B = 0, so the model starts as the base model)."""
+    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
+
+    def init(key):
+        _, adapters = peft.split_params(model.init(key, _dummy_tokens())["params"])
+        return adapters  # the base weights are dead code here and never materialise
+
+    shardings = out_shardings(jax.eval_shape(init, jax.random.key(seed))) if out_shardings else None
+    return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
+
+
+def load_weights(path: str, *, flag: str, out_shardings: Callable) -> Params:
+    """A `gm.ckpts.load_params` checkpoint as float32 masters, sharded by `out_shardings(tree)`."""
+    try:
+        params = gm.ckpts.load_params(path, text_only=True, sharding=out_shardings)
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: no checkpoint there (expected a directory written by gm.ckpts.save_params)") from None
+    return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree), donate_argnums=0)(params)
+
+
+def split_lora(params: Params) -> tuple[Params, Params]:
+    """(base, adapters)."""
+    return peft.split_params(params)
+
+
+def join_lora(base: Params, adapters: Params) -> Params:
+    return peft.merge_params(base, adapters)
+
+
+def merge_lora_into_base(params: Params) -> Params:
+    """Folds each adapter into the weight it adapts: W + A @ B, giving a plain (LoRA-free) Gemma tree.
+
+    gemma.peft has no fuse yet. The adapter's A holds the weight's input (and batch) axes, B its
+    output axes, each in the weight's own order, so the weight's axes are recovered from the shapes.
+    """
+    merged = {}
+    for key, value in params.items():
+        if key.startswith("_LoRAEinsum_"):
+            continue
+        if isinstance(value, dict):
+            merged[key] = merge_lora_into_base(value)
+        else:
+            adapter = params.get("_LoRAEinsum_0" if key == "w" else f"_LoRAEinsum_{key}")
+            merged[key] = value + _adapter_delta(value.shape, adapter["lora"]) if adapter else value
+    return merged
+
+
+def _adapter_delta(weight_shape: tuple[int, ...], lora: Params) -> jax.Array:
+    a, b = lora["a"], lora["b"]
+    a_sizes, b_sizes = a.shape[:-1], b.shape[1:]
+    letters = "abcdefghijklmnopqrstuvwxy"[: len(weight_shape)]
+    layouts = set()
+    for a_axes in itertools.combinations(range(len(weight_shape)), len(a_sizes)):
+        b_axes = tuple(i for i in range(len(weight_shape)) if i not in a_axes)
+        if tuple(weight_shape[i] for i in a_axes) == a_sizes and tuple(weight_shape[i] for i in b_axes) == b_sizes:
+            layouts.add((a_axes, b_axes))
+    if len(layouts) != 1:
+        raise ValueError(f"cannot tell how a LoRA adapter {a.shape} x {b.shape} maps onto a weight {weight_shape}")
+    ((a_axes, b_axes),) = layouts
+    a_str = "".join(letters[i] for i in a_axes) + "z"
+    b_str = "z" + "".join(letters[i] for i in b_axes)
+    return jnp.einsum(f"{a_str},{b_str}->{letters}", a, b)

@@ -1,0 +1,118 @@
+"""The optimizer and the jit-compiled train and eval steps.
+
+State = {"step", "params" (the trained float32 masters: all weights, or only the LoRA adapters),
+"opt_state"}; with LoRA the frozen base weights travel beside it in the compute dtype, not donated,
+not checkpointed (they are reloaded from --weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trainer import loss, models
+
+State = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    lr: float
+    lr_schedule: str  # cosine | constant (after the linear warmup)
+    warmup_steps: int
+    total_steps: int
+    weight_decay: float
+    grad_clip: float
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    warmup = min(config.warmup_steps, config.total_steps)
+    if config.lr_schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=config.lr, warmup_steps=warmup, decay_steps=max(config.total_steps, warmup + 1), end_value=0.0
+        )
+    ramp = optax.linear_schedule(0.0, config.lr, warmup) if warmup else optax.constant_schedule(config.lr)
+    return optax.join_schedules([ramp, optax.constant_schedule(config.lr)], [warmup])
+
+
+def build_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping; weight decay on matrices only (not norms' scales)."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.grad_clip),
+        optax.adamw(
+            learning_rate_schedule(config),
+            weight_decay=config.weight_decay,
+            mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
+        ),
+    )
+
+
+def forward_params(trained, frozen, compute_dtype, lora: bool):
+    """The weights the model runs with: adapters joined to the frozen base under LoRA, in the compute dtype."""
+    params = models.join_lora(frozen, trained) if lora else trained
+    return jax.tree.map(lambda p: p.astype(compute_dtype), params)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepFunctions:
+    """What the loop calls: `train(state, frozen, batch) -> (state, metrics)`, `evaluate(state, frozen, batch) -> sums`."""
+
+    train: Callable
+    evaluate: Callable
+
+
+def make_step_functions(
+    model,
+    optimizer: optax.GradientTransformation,
+    *,
+    compute_dtype,
+    lora: bool,
+    softcap: float | None,
+    vocab_chunk: int | None,
+    state_shardings=None,
+) -> StepFunctions:
+    def loss_sums(trained, frozen, batch):
+        params = forward_params(trained, frozen, compute_dtype, lora)
+        return loss.loss_sums(model, params, batch, softcap=softcap, vocab_chunk=vocab_chunk)
+
+    def mean_loss(trained, frozen, batch):
+        total, count = loss_sums(trained, frozen, batch)
+        return total / jnp.maximum(count, 1.0)
+
+    def train(state: State, frozen, batch):
+        mean, grads = jax.value_and_grad(mean_loss)(state["params"], frozen, batch)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        new_state = {
+            "step": state["step"] + 1,
+            "params": optax.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+        }
+        metrics = {
+            "loss": mean,
+            "grad_norm": optax.global_norm(grads),
+            "tokens": jnp.sum(batch["segment_ids"] > 0),  # non-padding
+        }
+        return new_state, metrics
+
+    def evaluate(state: State, frozen, batch):
+        return loss_sums(state["params"], frozen, batch)
+
+    return StepFunctions(
+        train=jax.jit(train, donate_argnums=0, out_shardings=(state_shardings, None) if state_shardings else None),
+        evaluate=jax.jit(evaluate),
+    )
+
+
+def init_state(params, optimizer: optax.GradientTransformation, *, state_shardings_fn: Callable) -> State:
+    """Wraps float32 params with a fresh optimizer state, sharded like them (`state_shardings_fn(tree)`)."""
+
+    def build(p):
+        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": optimizer.init(p)}
+
+    shardings = state_shardings_fn(jax.eval_shape(build, params))
+    return jax.jit(build, out_shardings=shardings, donate_argnums=0)(params)

@@ -5,8 +5,8 @@ N slices -> the same JobSet with `replicas: N` and exclusive placement, one slic
 pool. Autopilot gets the same objects: pods find TPU nodes by the catalog's node selectors only
 (no node pool names), which is also all a Standard cluster needs.
 
-Data before training: the data preparation Job writes its output and `meta.json` last (renamed into
-place when complete). Every training pod starts with an init container that waits for that marker
+Data before training: the data preparation Job writes its output with a marker file in it, renamed
+into place when complete (spec.PREPARED_MARKER_FILE). Every training pod starts with an init container that waits for that marker
 on its read-only data mount. This ordering holds for every shape (a batch/v1 Job has no JobSet
 `dependsOn`), however the objects are applied (`pulumi up` or `kubectl apply` of the rendered YAML),
 and after every restart (the marker is there: no wait). `pulumi up` additionally awaits the
@@ -240,11 +240,11 @@ def training(spec: RunSpec) -> dict[str, Any]:
     return training_job(spec) if spec.shape == "job" else training_jobset(spec)
 
 
-# Runs in the trainer image. Idempotent: a complete output (its meta.json) ends it before any
+# Runs in the trainer image. Idempotent: a complete output (its marker) ends it before any
 # download. The tokenizer is the official Gemma 3 one, named by the trainer itself.
 _PREPARE_SCRIPT = """\
 set -eu
-if [ -f "$OUTPUT/meta.json" ]; then echo "$OUTPUT is already prepared"; exit 0; fi
+if [ -f "$MARKER" ]; then echo "$OUTPUT is already prepared"; exit 0; fi
 if [ -n "${DATASET_URL:-}" ]; then
   echo "downloading $DATASET_URL"
   python -c 'import shutil, sys, urllib.request; shutil.copyfileobj(urllib.request.urlopen(sys.argv[1]), open(sys.argv[2], "wb"))' "$DATASET_URL" "$INPUT"
@@ -273,7 +273,7 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
     """The data preparation Job on a CPU node: download (or mount) the corpus and tokenize it
     into `spec.prepared_dir` of the data bucket, unless that is already complete."""
     source_env, source_volumes, source_mounts = _dataset_source(spec)
-    env = {**source_env, "OUTPUT": f"{DATA_MOUNT}/{spec.prepared_dir}", "WORKERS": str(_PREPARE_CPUS)}
+    env = {**source_env, "OUTPUT": spec.prepared_path, "MARKER": spec.prepared_marker, "WORKERS": str(_PREPARE_CPUS)}
     resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}
     container = {
         "name": PREPARE_CONTAINER,

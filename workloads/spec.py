@@ -19,6 +19,8 @@ from trainer import exitcodes
 TRAINER_UID = 1000
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
 ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles
+# `trainer.prepare` renames its output into place with this file in it: its presence = complete.
+PREPARED_MARKER_FILE = "meta.json"
 PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
 # SIGTERM reaches the trainer, which checkpoints at the next step (one step plus an Orbax save of
 # parameters and optimizer state through the FUSE mount) and exits with exitcodes.RETRY. Five
@@ -88,9 +90,12 @@ class RunSpec:
         return self.slices > 1
 
     @property
+    def prepared_path(self) -> str:
+        return f"{DATA_MOUNT}/{self.prepared_dir}"
+
+    @property
     def prepared_marker(self) -> str:
-        """Written last by `trainer.prepare`: its presence means the shards are complete."""
-        return f"{DATA_MOUNT}/{self.prepared_dir}/meta.json"
+        return f"{self.prepared_path}/{PREPARED_MARKER_FILE}"
 
     @property
     def tensorboard_url(self) -> str:
@@ -109,6 +114,7 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
     prepared_key = _short_hash({"dataset": training.dataset})
     name = f"{training.run_name}-{_short_hash({'training': asdict(training), 'image': image, 'tpu': asdict(config.tpu)})}"
     run_dir = f"runs/{name}"
+    prepared_dir = f"prepared/{prepared_key}"
     return RunSpec(
         name=name,
         namespace=config.namespace,
@@ -124,10 +130,10 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
         data_bucket=config.data_bucket,
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
-        prepared_dir=f"prepared/{prepared_key}",
+        prepared_dir=prepared_dir,
         prepare_name=f"prepare-data-{prepared_key}",
         run_dir=run_dir,
-        trainer_args=_trainer_args(config, f"{DATA_MOUNT}/prepared/{prepared_key}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
+        trainer_args=_trainer_args(config, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
         trainer_env={"MEGASCALE_NUM_SLICES": str(config.tpu.slices)},
         max_restarts=training.max_restarts,
         profiling=training.profiling,

@@ -1,0 +1,108 @@
+"""Fixtures for the workload tests: stack configs (shipped or edited), run specs, a Pulumi mock
+runtime that records registrations, and the strict schema validators."""
+
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pulumi
+import pytest
+from pulumi.runtime import mocks, rpc, settings
+
+from infra.config import StackConfig, parse_stack_config, read_stack_values, shipped_stacks
+from infra.preview import PLACEHOLDER_PROJECT
+from workloads.spec import RunSpec, run_spec
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# ../shared/schemas beside the repository on the project's machines and in CI (REFERENCE 2).
+SCHEMAS_ENV = "GEMMA_TPU_SCHEMAS"
+IMAGE = "us-east5-docker.pkg.dev/my-project/gemma-dev/trainer:0123456789abcdef@sha256:" + "0" * 64
+STACKS = shipped_stacks()
+
+
+def stack_values(stack: str) -> dict[str, Any]:
+    """The `config:` section of a shipped stack file, with infra.preview's placeholder project."""
+    values, _ = read_stack_values(stack)
+    values.setdefault("gcp:project", PLACEHOLDER_PROJECT)
+    return values
+
+
+def edited_config(stack: str, **sections: dict[str, Any]) -> StackConfig:
+    """A shipped stack with some `gemma-tpu:<section>` keys changed, e.g. tpu={"slices": 3}."""
+    values = stack_values(stack)
+    for section, changes in sections.items():
+        key = f"gemma-tpu:{section}"
+        values[key] = {**(values.get(key) or {}), **changes}
+    return parse_stack_config(values, stack)
+
+
+def stack_config(stack: str) -> StackConfig:
+    return parse_stack_config(stack_values(stack), stack)
+
+
+def spec_of(config: StackConfig, image: str = IMAGE) -> RunSpec:
+    return run_spec(config, image=image)
+
+
+def schemas_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(SCHEMAS_ENV, REPO.parent / "shared" / "schemas"))
+
+
+@dataclass(frozen=True)
+class Registration:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    provider: str  # "URN::ID" of the explicit provider, "" for the default one
+    dependencies: tuple[str, ...]
+    inputs: dict[str, Any]
+    custom_timeouts: Any
+
+
+class _Recorder(mocks.MockMonitor):
+    def __init__(self, mock_impl: pulumi.runtime.Mocks):
+        super().__init__(mock_impl)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.registrations.append(
+                Registration(
+                    type=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    provider=request.provider,
+                    dependencies=tuple(request.dependencies),
+                    inputs=rpc.deserialize_properties(request.object),
+                    custom_timeouts=request.customTimeouts,
+                )
+            )
+        return response
+
+
+class _EchoMocks(pulumi.runtime.Mocks):
+    """Every resource's state is its inputs; invokes return a fake access token."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        return f"{args.name}-id", dict(args.inputs)
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {"accessToken": "fake-token"}
+
+
+@pytest.fixture
+def pulumi_mocks() -> Callable[[Callable[[], Any]], list[Registration]]:
+    """Runs `program` under a fresh Pulumi mock runtime; returns every registration, in order."""
+
+    def run(program: Callable[[], Any]) -> list[Registration]:
+        recorder = _Recorder(_EchoMocks())
+        settings.set_root_resource(None)  # a fresh root stack per run
+        pulumi.runtime.set_mocks(recorder.mocks, project="gemma-tpu", stack="test", preview=False, monitor=recorder)
+        pulumi.runtime.test(lambda: pulumi.Output.from_input(program()))()
+        return recorder.registrations
+
+    return run

@@ -1,0 +1,73 @@
+"""Every object rendered for every shipped stack is valid for the API server, strictly."""
+
+import copy
+
+import jsonschema
+import pytest
+
+from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config
+from tests.workloads.schemas import jobset_validator, validate_builtin, validate_jobset
+from workloads import manifests
+
+
+@pytest.fixture(scope="module")
+def jobset_schema():
+    return jobset_validator()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_object_of_every_stack_validates_strictly(stack, request):
+    objects = manifests.all_objects(spec_of(stack_config(stack)))
+    for obj in objects:
+        if obj["kind"] == "JobSet":
+            validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
+        else:
+            validate_builtin(obj)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_optional_parts_validate_too(stack, jobset_schema):
+    """Profiling (a port), Spot (a selector) and a gs:// dataset in another bucket (one more volume)."""
+    config = edited_config(
+        stack, tpu={"capacity": "spot"}, training={"profiling": True, "dataset": "gs://corpora/tiny/train.txt"}
+    )
+    for obj in manifests.all_objects(spec_of(config)):
+        if obj["kind"] == "JobSet":
+            validate_jobset(obj, jobset_schema)
+        else:
+            validate_builtin(obj)
+
+
+def test_builtin_validation_catches_a_misspelt_field():
+    job = manifests.training_job(spec_of(stack_config("dev")))
+    validate_builtin(job)
+    misspelt = copy.deepcopy(job)
+    misspelt["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(jsonschema.ValidationError, match="volumeMount"):
+        validate_builtin(misspelt)
+
+
+def test_jobset_validation_catches_a_misspelt_field_at_any_depth(jobset_schema):
+    jobset = manifests.training_jobset(spec_of(stack_config("multislice")))
+    validate_jobset(jobset, jobset_schema)
+    top = copy.deepcopy(jobset)
+    top["spec"]["failurePolicy"]["maxRestart"] = 3
+    pod = copy.deepcopy(jobset)
+    pod["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeSelectors"] = {}
+    metadata = copy.deepcopy(jobset)
+    metadata["metadata"]["annotation"] = {}
+    for broken, field in ((top, "maxRestart"), (pod, "nodeSelectors"), (metadata, "annotation")):
+        with pytest.raises(jsonschema.ValidationError, match=field):
+            validate_jobset(broken, jobset_schema)
+
+
+def test_jobset_validation_checks_types_and_int_or_string(jobset_schema):
+    jobset = manifests.training_jobset(spec_of(stack_config("multihost")))
+    wrong_type = copy.deepcopy(jobset)
+    wrong_type["spec"]["replicatedJobs"][0]["replicas"] = "2"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_jobset(wrong_type, jobset_schema)
+    int_or_string = copy.deepcopy(jobset)
+    container = int_or_string["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["resources"]["limits"]["google.com/tpu"] = 4  # a quantity may be a number or a string
+    validate_jobset(int_or_string, jobset_schema)

@@ -1,0 +1,255 @@
+"""What the builders promise a user, stack by stack: the shape and size of the run, where its pods
+land, what happens when a pod fails, that data comes first, and what the trainer is told."""
+
+import pytest
+
+from infra import tpu
+from tests.workloads.conftest import IMAGE, STACKS, edited_config, spec_of, stack_config
+from trainer import exitcodes, prepare
+from trainer.config import parse_config
+from workloads import manifests
+from workloads.spec import ARTIFACTS_MOUNT, PREPARED_MARKER_FILE
+
+EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+
+
+def training_pod(obj):
+    if obj["kind"] == "Job":
+        return obj["spec"]["template"]
+    (replicated,) = obj["spec"]["replicatedJobs"]
+    return replicated["template"]["spec"]["template"]
+
+
+def container(pod, name):
+    (found,) = [c for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] if c["name"] == name]
+    return found
+
+
+def env_of(container_spec):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container_spec.get("env", [])}
+
+
+def run_fate(obj, container_name: str, exit_code: int) -> str:
+    """'fail' or 'restart': what Kubernetes and JobSet do with a run whose `container_name` exited
+    with `exit_code`, following the podFailurePolicy and failurePolicy semantics."""
+    job = obj["spec"] if obj["kind"] == "Job" else obj["spec"]["replicatedJobs"][0]["template"]["spec"]
+    action = "Count"
+    for rule in job["podFailurePolicy"]["rules"]:
+        requirement = rule["onExitCodes"]
+        if requirement.get("containerName", container_name) != container_name:
+            continue
+        if (exit_code in requirement["values"]) == (requirement["operator"] == "In"):
+            action = rule["action"]
+            break
+    if obj["kind"] == "Job":
+        return "restart" if action == "Count" and job["backoffLimit"] > 0 else "fail"
+    assert job["backoffLimit"] == 0, "a JobSet's Jobs leave restarts to the JobSet"
+    reason = "PodFailurePolicy" if action == "FailJob" else "BackoffLimitExceeded"
+    for rule in obj["spec"]["failurePolicy"]["rules"]:
+        if reason in rule.get("onJobFailureReasons", [reason]):
+            return "fail" if rule["action"] == "FailJobSet" else "restart"
+    return "restart" if obj["spec"]["failurePolicy"]["maxRestarts"] > 0 else "fail"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_run_size_and_placement_follow_the_catalog(stack):
+    config = stack_config(stack)
+    catalog = tpu.slice_spec(config.tpu.accelerator, config.tpu.topology)
+    run = manifests.training(spec_of(config))
+    pod = training_pod(run)
+    trainer = container(pod, manifests.TRAINER_CONTAINER)
+    assert trainer["resources"]["limits"]["google.com/tpu"] == str(catalog.chips_per_host)
+    assert trainer["resources"]["requests"] == trainer["resources"]["limits"]
+    assert pod["spec"]["nodeSelector"] == catalog.node_selector  # shipped stacks are on-demand
+    if catalog.hosts * config.tpu.slices == 1:
+        assert run["kind"] == "Job" and "parallelism" not in run["spec"]
+    else:
+        (replicated,) = run["spec"]["replicatedJobs"]
+        assert run["kind"] == "JobSet"
+        assert replicated["replicas"] == config.tpu.slices
+        assert replicated["template"]["spec"]["parallelism"] == catalog.hosts
+        assert replicated["template"]["spec"]["completions"] == catalog.hosts
+    assert (EXCLUSIVE in run["metadata"].get("annotations", {})) == (config.tpu.slices > 1)
+
+
+def test_multislice_is_two_slices_of_two_hosts_with_four_chips_placed_exclusively():
+    run = manifests.training(spec_of(stack_config("multislice")))
+    (replicated,) = run["spec"]["replicatedJobs"]
+    pod = training_pod(run)
+    assert (replicated["replicas"], replicated["template"]["spec"]["parallelism"]) == (2, 2)
+    assert container(pod, "trainer")["resources"]["limits"]["google.com/tpu"] == "4"
+    assert pod["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x4"
+    assert run["metadata"]["annotations"][EXCLUSIVE] == "cloud.google.com/gke-nodepool"
+
+
+@pytest.mark.parametrize(
+    ("tpu_changes", "selector"),
+    [
+        ({"capacity": "spot"}, {"cloud.google.com/gke-spot": "true"}),
+        ({"capacity": "reservation", "reservation": "my-tpus"}, {"cloud.google.com/reservation-name": "my-tpus"}),
+        ({"capacity": "flex-start"}, {"cloud.google.com/gke-flex-start": "true"}),
+    ],
+)
+def test_capacity_adds_its_selector(tpu_changes, selector):
+    config = edited_config("multihost", tpu=tpu_changes)
+    pod = training_pod(manifests.training(spec_of(config)))
+    assert pod["spec"]["nodeSelector"] == {**config.slice.node_selector, **selector}
+
+
+def test_autopilot_selects_by_labels_only_and_standard_runs_preparation_on_the_cpu_pool():
+    for stack in STACKS:
+        spec = spec_of(stack_config(stack))
+        selectors = [training_pod(manifests.training(spec))["spec"]["nodeSelector"],
+                     manifests.preparation_job(spec)["spec"]["template"]["spec"]["nodeSelector"]]  # fmt: skip
+        pool_selected = ["cloud.google.com/gke-nodepool" in s for s in selectors]
+        autopilot = stack_config(stack).cluster_mode == "autopilot"
+        assert pool_selected == ([False, False] if autopilot else [False, True]), stack
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_errors_fail_the_run_at_once_and_preemptions_restart_it(stack):
+    config = stack_config(stack)
+    run = manifests.training(spec_of(config))
+    for code in (exitcodes.RETRY, 128 + 15, 128 + 9):  # retry me, SIGTERM, SIGKILL
+        assert run_fate(run, "trainer", code) == "restart", code
+        assert run_fate(run, "wait-for-data", code) == "restart", code
+    for code in (exitcodes.USER_ERROR, 1, 139):  # bad config, a crash, a segfault
+        assert run_fate(run, "trainer", code) == "fail", code
+    assert run_fate(run, "wait-for-data", exitcodes.USER_ERROR) == "fail"
+    restarts = run["spec"]["backoffLimit"] if run["kind"] == "Job" else run["spec"]["failurePolicy"]["maxRestarts"]
+    assert restarts == config.training.max_restarts
+    pod = training_pod(run)["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= 60
+
+
+def test_max_restarts_comes_from_the_stack_config():
+    for stack in ("dev", "multislice"):
+        run = manifests.training(spec_of(edited_config(stack, training={"maxRestarts": 3})))
+        limit = run["spec"]["backoffLimit"] if run["kind"] == "Job" else run["spec"]["failurePolicy"]["maxRestarts"]
+        assert limit == 3
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_waits_for_the_prepared_data_it_reads(stack):
+    spec = spec_of(stack_config(stack))
+    prep = manifests.preparation_job(spec)
+    prep_env = env_of(container(prep["spec"]["template"], manifests.PREPARE_CONTAINER))
+    pod = training_pod(manifests.training(spec))
+    (init,) = pod["spec"]["initContainers"]
+    assert PREPARED_MARKER_FILE == prepare.META_FILE  # the file trainer.prepare renames into place
+    assert prep_env["MARKER"] == f"{prep_env['OUTPUT']}/{prepare.META_FILE}"
+    assert prep_env["MARKER"] in init["command"][-1]  # the init container polls exactly that file
+    trainer_args = container(pod, "trainer")["args"]
+    assert trainer_args[trainer_args.index("--data") + 1] == prep_env["OUTPUT"]
+    # Both see the same bucket at the same path.
+    buckets = [
+        {v["name"]: v["csi"]["volumeAttributes"]["bucketName"] for v in p["spec"]["volumes"] if "csi" in v}["data"]
+        for p in (prep["spec"]["template"], pod)
+    ]
+    assert buckets == [spec.data_bucket] * 2
+
+
+def test_preparation_is_idempotent_and_fails_at_once_on_bad_input():
+    prep = manifests.preparation_job(spec_of(stack_config("dev")))
+    script = container(prep["spec"]["template"], "prepare")["command"][-1]
+    first_line = script.splitlines()[1]
+    assert first_line.startswith('if [ -f "$MARKER" ]') and "exit 0" in first_line  # before any download
+    rule = prep["spec"]["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [exitcodes.USER_ERROR]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "input_path", "extra_volume"),
+    [
+        ("https://example.com/corpus.txt", "/scratch/corpus.txt", "scratch"),
+        ("gs://my-project-dev-data/raw/corpus.txt", "/data/raw/corpus.txt", None),
+        ("gs://corpora/raw/corpus.txt", "/source/raw/corpus.txt", "source"),
+    ],
+)
+def test_the_dataset_reaches_preparation_by_download_or_mount(dataset, input_path, extra_volume):
+    prep = manifests.preparation_job(spec_of(edited_config("dev", training={"dataset": dataset})))
+    pod = prep["spec"]["template"]
+    env = env_of(container(pod, "prepare"))
+    assert env["INPUT"] == input_path
+    assert ("DATASET_URL" in env) == dataset.startswith("https://")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert set(volumes) == {"data"} | ({extra_volume} if extra_volume else set())
+    if extra_volume == "source":
+        assert volumes["source"]["csi"]["volumeAttributes"]["bucketName"] == "corpora"
+        assert volumes["source"]["csi"]["readOnly"] is True
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_buckets_are_fuse_volumes_data_read_only_and_cached(stack):
+    spec = spec_of(stack_config(stack))
+    pod = training_pod(manifests.training(spec))
+    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    data, artifacts = volumes["data"]["csi"], volumes["artifacts"]["csi"]
+    assert (data["volumeAttributes"]["bucketName"], data["readOnly"]) == (spec.data_bucket, True)
+    assert data["volumeAttributes"]["fileCacheCapacity"] and data["volumeAttributes"]["fileCacheForRangeRead"] == "true"
+    assert (artifacts["volumeAttributes"]["bucketName"], artifacts["readOnly"]) == (spec.artifacts_bucket, False)
+    assert "fileCacheCapacity" not in artifacts["volumeAttributes"]  # written, not re-read
+    mounts = {m["name"]: m for m in container(pod, "trainer")["volumeMounts"]}
+    assert mounts["data"]["readOnly"] is True and not mounts["artifacts"].get("readOnly")
+    assert pod["spec"]["serviceAccountName"] == spec.service_account == stack_config(stack).service_account
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_trainer_gets_the_stack_training_config_and_slice_count(stack):
+    config = stack_config(stack)
+    pod = training_pod(manifests.training(spec_of(config)))
+    trainer = container(pod, "trainer")
+    parsed = parse_config(trainer["args"])  # the trainer's own parser accepts the command line
+    training = config.training
+    assert (parsed.model, parsed.weights, parsed.seq_len, parsed.batch_size) == (
+        training.model, training.weights, training.seq_len, training.batch_size
+    )
+    assert (parsed.steps, parsed.epochs, parsed.lr, parsed.lora_rank) == (
+        training.steps, training.epochs, training.learning_rate, training.lora_rank
+    )
+    assert parsed.checkpoint_interval == training.checkpoint_interval
+    for directory in (parsed.workdir, parsed.resolved_checkpoint_dir, parsed.resolved_tensorboard_dir):
+        assert directory.startswith(f"{ARTIFACTS_MOUNT}/runs/{training.run_name}-")
+    assert parsed.profile_port is None
+    env = env_of(trainer)
+    assert env["MEGASCALE_NUM_SLICES"] == str(config.tpu.slices)
+    assert ("MEGASCALE_SLICE_ID" in env) == (config.tpu.slices > 1)
+
+
+def test_multislice_pods_know_their_slice_and_the_coordinator():
+    run = manifests.training(spec_of(stack_config("multislice")))
+    env = env_of(container(training_pod(run), "trainer"))
+    assert "jobset.sigs.k8s.io/job-index" in env["MEGASCALE_SLICE_ID"]["fieldRef"]["fieldPath"]
+    assert "jobset.sigs.k8s.io/coordinator" in env["MEGASCALE_COORDINATOR_ADDRESS"]["fieldRef"]["fieldPath"]
+    assert run["spec"]["coordinator"] == {"replicatedJob": manifests.SLICE_JOB, "jobIndex": 0, "podIndex": 0}
+
+
+def test_profiling_opens_the_profiler_port_and_writes_to_the_artifacts_bucket():
+    pod = training_pod(manifests.training(spec_of(edited_config("dev", training={"profiling": True}))))
+    trainer = container(pod, "trainer")
+    parsed = parse_config(trainer["args"])
+    assert trainer["ports"] == [{"name": "profiler", "containerPort": parsed.profile_port}]
+    assert parsed.profile_dir.startswith(f"{ARTIFACTS_MOUNT}/runs/")
+
+
+def test_run_name_changes_with_the_training_config_or_image_and_only_then():
+    config = stack_config("multihost")
+    base = spec_of(config)
+    assert spec_of(config).name == base.name
+    assert spec_of(edited_config("multihost", training={"learningRate": 1e-4})).name != base.name
+    assert spec_of(config, image=IMAGE.replace("0123", "4567")).name != base.name
+    renamed = spec_of(edited_config("multihost", training={"runName": "other"}))
+    assert renamed.name.startswith("other-")
+    # The prepared data depends on the corpus only: a new run reuses it.
+    assert spec_of(edited_config("multihost", training={"learningRate": 1e-4})).prepared_dir == base.prepared_dir
+
+
+def test_security_non_root_no_privilege_and_no_host_paths():
+    for stack in STACKS:
+        spec = spec_of(stack_config(stack))
+        for pod in (training_pod(manifests.training(spec)), manifests.preparation_job(spec)["spec"]["template"]):
+            assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+            assert all(not c["securityContext"]["allowPrivilegeEscalation"]
+                       for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []))  # fmt: skip
+            assert not any("hostPath" in v for v in pod["spec"]["volumes"])

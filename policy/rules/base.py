@@ -16,11 +16,6 @@ class Resource(NamedTuple):
     props: Mapping[str, Any]  # inputs, camelCase as the provider receives them
     urn: str = ""
 
-    @classmethod
-    def from_preview(cls, entry: Mapping[str, Any]) -> "Resource":
-        """One entry of `python -m infra.preview --json`: {"type", "name", "parent", "inputs"}."""
-        return cls(entry["type"], entry["name"], entry.get("inputs") or {})
-
 
 class Violation(NamedTuple):
     """A stack rule's finding: what is wrong, and which resource it is about."""

@@ -9,6 +9,11 @@ from typing import Any, NamedTuple
 from rules.base import ResourceRule, as_list, is_mapping
 
 PUBLIC_PRINCIPALS = ("allUsers", "allAuthenticatedUsers")
+# Storage ACL resources name their grantee in these fields; predefined ACLs can imply allUsers.
+ACL_ENTITY_FIELDS = {"entity"}
+ACL_ENTITY_LIST_FIELDS = {"roleEntities"}
+PREDEFINED_ACL_FIELDS = {"predefinedAcl", "defaultAcl"}
+PUBLIC_PREDEFINED_ACLS = ("publicRead", "publicReadWrite")
 PRIMITIVE_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
 STORAGE_ROLE_PREFIX = "roles/storage."
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
@@ -33,55 +38,76 @@ def type_module(resource_type: str) -> str:
     return parts[1].split("/")[0] if len(parts) == 3 else ""
 
 
-def iam_grants(resource_type: str, props: Mapping[str, Any]) -> list[Grant]:
-    """The (role, members) pairs a GCP IAM resource grants: *IAMMember, *IAMBinding, *IAMPolicy."""
-    if not resource_type.startswith("gcp:") or "remove" in resource_type.lower():
-        return []  # IAMMemberRemove revokes, it grants nothing
-    grants = []
+def _may_grant(resource_type: str) -> bool:
+    return resource_type.startswith("gcp:") and "remove" not in resource_type.lower()  # IAMMemberRemove revokes
+
+
+def _policy_bindings(props: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    policy = props.get("policyData")  # *IAMPolicy: the whole policy as JSON
+    if not isinstance(policy, str):
+        return []
+    try:
+        bindings = json.loads(policy).get("bindings", [])
+    except (json.JSONDecodeError, AttributeError):
+        return []  # the provider rejects malformed policy data before anything is granted
+    return [b for b in as_list(bindings) if is_mapping(b)]
+
+
+def granted_roles(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """The roles a GCP IAM resource grants, read without touching its members (often unknown
+    during preview: a new service account's email)."""
+    if not _may_grant(resource_type):
+        return []
     role = props.get("role")
-    if isinstance(role, str) and ("member" in props or "members" in props):
-        members = [props["member"]] if "member" in props else as_list(props["members"])
-        grants.append(Grant(role, members))
-    policy = props.get("policyData")
-    if isinstance(policy, str):
-        try:
-            bindings = json.loads(policy).get("bindings", [])
-        except (json.JSONDecodeError, AttributeError):
-            bindings = []  # the provider rejects malformed policy data before anything is granted
-        grants += [Grant(b.get("role", ""), as_list(b.get("members"))) for b in bindings if is_mapping(b)]
+    own = [role] if isinstance(role, str) and role.startswith("roles/") else []
+    return own + [str(b.get("role", "")) for b in _policy_bindings(props)]
+
+
+def iam_grants(resource_type: str, props: Mapping[str, Any]) -> list[Grant]:
+    """The (role, members) pairs of *IAMMember (`member`), *IAMBinding (`members`), *IAMPolicy."""
+    if not _may_grant(resource_type):
+        return []
+    grants = [Grant(str(b.get("role", "")), as_list(b.get("members"))) for b in _policy_bindings(props)]
+    fields = set(props)  # iterating names reads no value, so an unknown one raises only if used
+    if isinstance(props.get("role"), str) and fields & {"member", "members"}:
+        members = [props["member"]] if "member" in fields else as_list(props["members"])
+        grants.append(Grant(props["role"], members))
     return grants
 
 
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if is_mapping(value):
-        return [s for item in value.values() for s in _strings(item)]
-    return [s for item in as_list(value) for s in _strings(item)]
-
-
-def _is_public(principal: str) -> bool:
+def _is_public(principal: Any) -> bool:
     # ACL entities read "READER:allUsers"; IAM members read "allUsers".
-    return any(principal == p or principal.endswith(":" + p) for p in PUBLIC_PRINCIPALS)
+    return isinstance(principal, str) and any(
+        principal == p or principal.endswith(":" + p) for p in PUBLIC_PRINCIPALS
+    )
 
 
 def check_no_public_members(resource_type: str, props: Mapping[str, Any]) -> list[str]:
-    if not resource_type.startswith("gcp:"):
+    if not _may_grant(resource_type):
         return []
-    found = {s for s in _strings(props) if _is_public(s)}
-    found |= {m for g in iam_grants(resource_type, props) for m in g.members if _is_public(m)}
-    return [
-        f"grants access to {principal}; grant to a named service account or group instead"
-        for principal in sorted(found)
+    fields = set(props)
+    principals = [m for g in iam_grants(resource_type, props) for m in g.members]
+    principals += [props[f] for f in ACL_ENTITY_FIELDS & fields] + [
+        e for f in ACL_ENTITY_LIST_FIELDS & fields for e in as_list(props[f])
     ]
+    problems = [
+        f"grants access to {principal}; grant to a named service account or group instead"
+        for principal in sorted({p for p in principals if _is_public(p)})
+    ]
+    problems += [
+        f"{field}: {props[field]} makes it readable by allUsers; remove it and grant named principals through IAM"
+        for field in sorted(PREDEFINED_ACL_FIELDS & fields)
+        if props[field] in PUBLIC_PREDEFINED_ACLS
+    ]
+    return problems
 
 
 def check_no_primitive_roles(resource_type: str, props: Mapping[str, Any]) -> list[str]:
     return [
-        f"grants the primitive role {g.role}; grant a predefined role with only the permissions "
+        f"grants the primitive role {role}; grant a predefined role with only the permissions "
         "needed (e.g. roles/storage.objectViewer on one bucket)"
-        for g in iam_grants(resource_type, props)
-        if g.role in PRIMITIVE_ROLES
+        for role in granted_roles(resource_type, props)
+        if role in PRIMITIVE_ROLES
     ]
 
 
@@ -90,14 +116,16 @@ def check_no_project_storage_roles(resource_type: str, props: Mapping[str, Any])
     if scope is None:
         return []
     return [
-        f"grants {g.role} on the whole {scope}, i.e. on every bucket; grant it on "
+        f"grants {role} on the whole {scope}, i.e. on every bucket; grant it on "
         "the bucket that needs it (gcp.storage.BucketIAMMember)"
-        for g in iam_grants(resource_type, props)
-        if g.role.startswith(STORAGE_ROLE_PREFIX)
+        for role in granted_roles(resource_type, props)
+        if role.startswith(STORAGE_ROLE_PREFIX)
     ]
 
 
 def check_workload_identity_bindings(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    if WORKLOAD_IDENTITY_USER not in granted_roles(resource_type, props):
+        return []  # other grants' members (unknown during preview) are not this rule's business
     problems = []
     for grant in iam_grants(resource_type, props):
         if grant.role != WORKLOAD_IDENTITY_USER:
@@ -123,7 +151,7 @@ def check_workload_identity_bindings(resource_type: str, props: Mapping[str, Any
 
 NO_PUBLIC_MEMBERS = ResourceRule(
     name="no-public-iam-members",
-    description="No allUsers / allAuthenticatedUsers member or ACL entity on any GCP resource.",
+    description="No allUsers / allAuthenticatedUsers IAM member or ACL entity (nor a public predefined ACL) on any GCP resource.",
     check=check_no_public_members,
 )
 NO_PRIMITIVE_ROLES = ResourceRule(

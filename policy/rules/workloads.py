@@ -15,6 +15,7 @@ NETWORK_TUNING_MODES = ("host-network",)
 # The training workloads; controllers (Deployments such as JobSet's) come from upstream registries.
 WORKLOAD_KINDS = ("Pod", "Job", "CronJob", "JobSet")
 REPOSITORY = "gcp:artifactregistry/repository:Repository"
+GCP_PROVIDER = "pulumi:providers:gcp"
 
 
 def _network_tuning(obj: KubeObject) -> tuple[bool, list[str]]:
@@ -64,18 +65,23 @@ def check_pods_unprivileged(resource_type: str, props: Mapping[str, Any]) -> lis
     return problems
 
 
-def registry_prefix(props: Mapping[str, Any]) -> str | None:
-    """ "LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/" of a Docker-format Artifact Registry repository."""
-    if str(props.get("format", "")).upper() != "DOCKER":
-        return None
-    location, project, repository = (props.get(k) for k in ("location", "project", "repositoryId"))
-    if not (location and project and repository):
-        return None
-    return f"{location}-docker.pkg.dev/{project}/{repository}/"
+def registry_prefixes(resources: Sequence[Resource]) -> list[str]:
+    """ "LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/" of each Docker repository in the stack. A
+    repository without its own `project` input lives in its provider's project; the graph does not
+    say which gcp provider that is, so each one the stack declares is taken."""
+    provider_projects = [r.props.get("project") for r in resources if r.type == GCP_PROVIDER]
+    prefixes = []
+    for repo in (r.props for r in resources if r.type == REPOSITORY):
+        if str(repo.get("format", "")).upper() != "DOCKER":
+            continue
+        location, repository = repo.get("location"), repo.get("repositoryId")
+        projects = [repo["project"]] if repo.get("project") else provider_projects
+        prefixes += [f"{location}-docker.pkg.dev/{p}/{repository}/" for p in projects if p and location and repository]
+    return prefixes
 
 
 def check_images_from_stack_registry(resources: Sequence[Resource]) -> list[Violation]:
-    prefixes = [p for r in resources if r.type == REPOSITORY and (p := registry_prefix(r.props))]
+    prefixes = registry_prefixes(resources)
     where = " or ".join(prefixes) if prefixes else "(none: the stack declares no Docker repository)"
     violations = []
     for resource in resources:

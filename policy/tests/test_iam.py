@@ -46,6 +46,13 @@ def test_public_principals_are_reported_wherever_they_appear(resource_type, prop
     assert principal in problem
 
 
+@pytest.mark.parametrize("field", ["predefinedAcl", "defaultAcl"])
+@pytest.mark.parametrize("acl", ["publicRead", "publicReadWrite"])
+def test_a_public_predefined_acl_is_reported(field, acl):
+    [problem] = check_no_public_members("gcp:storage/bucketACL:BucketACL", {"bucket": "b", field: acl})
+    assert f"{field}: {acl}" in problem
+
+
 def test_a_named_principal_is_not_public():
     props = {"bucket": "b", "role": "roles/storage.objectViewer", "member": "group:allusers-team@example.com"}
     assert check_no_public_members(BUCKET_MEMBER, props) == []

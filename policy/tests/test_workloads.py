@@ -100,7 +100,7 @@ def test_pod_and_cronjob_templates_are_checked():
 
 
 def graph(entries: list[dict]) -> list[Resource]:
-    return [Resource.from_preview(e) for e in entries]
+    return [Resource(e["type"], e["name"], e["inputs"]) for e in entries]
 
 
 def test_images_from_the_stack_repository_pass(compliant_graph):

@@ -1,0 +1,133 @@
+"""`trainer.prepare`: streaming, EOS after every document, atomic and idempotent output, clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from trainer import exitcodes, prepare as prepare_lib
+from trainer.corpus import SEPARATOR
+from trainer.data import open_data
+from trainer.errors import UserError
+from trainer.prepare import main, prepare, read_documents
+from trainer.tokenizer import load_tokenizer, train_tokenizer
+
+
+def _records(directory):
+    meta = json.loads((directory / "meta.json").read_text())
+    data = open_data(str(directory), tokenizer_path=meta["tokenizer"]["path"], cache_dir=str(directory / "unused"))
+    source = data.source()
+    return [np.frombuffer(source[i], dtype=prepare_lib.TOKEN_DTYPE) for i in range(len(source))]
+
+
+def test_every_document_becomes_one_record_ending_in_eos(prepared_dir, corpus_path, tokenizer_path):
+    tokenizer = load_tokenizer(tokenizer_path)
+    documents = [d.strip() for d in corpus_path.read_text().split(SEPARATOR) if d.strip()]
+    records = _records(prepared_dir)
+    meta = prepare_lib.read_meta(prepared_dir)
+    assert meta["documents"] == len(records) == len(documents)
+    assert meta["tokens"] == sum(len(r) for r in records)
+    assert all(r[-1] == tokenizer.eos_id for r in records)
+    assert [tokenizer.decode(r[:-1]) for r in records] == documents
+    assert np.array_equal(np.load(prepared_dir / meta["lengths_file"]), [len(r) for r in records])
+
+
+def test_shards_and_threads_do_not_change_the_records(tmp_path, prepared_dir, corpus_path, tokenizer_path):
+    meta = prepare(corpus_path, tokenizer_path, tmp_path / "sharded", workers=2, shard_bytes=64 << 10)
+    assert len(meta["shards"]) > 1
+    assert sum(s["documents"] for s in meta["shards"]) == meta["documents"]
+    assert all(np.array_equal(a, b) for a, b in zip(_records(tmp_path / "sharded"), _records(prepared_dir)))
+
+
+def test_complete_output_is_reused_untouched(tmp_path, corpus_path, tokenizer_path):
+    output = tmp_path / "out"
+    first = prepare(corpus_path, tokenizer_path, output)
+    shard = output / first["shards"][0]["file"]
+    written = shard.stat().st_mtime_ns
+    assert prepare(corpus_path, tokenizer_path, output) == first
+    assert shard.stat().st_mtime_ns == written
+
+
+def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, corpus_path, tokenizer_path, monkeypatch):
+    output = tmp_path / "out"
+    written = []
+
+    def crash_after_a_few_records(self, record):
+        if len(written) == 5:
+            raise KeyboardInterrupt  # the process is stopped mid-way
+        written.append(record)
+        real_write(self, record)
+
+    real_write = prepare_lib._ShardWriter.write
+    monkeypatch.setattr(prepare_lib._ShardWriter, "write", crash_after_a_few_records)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(corpus_path, tokenizer_path, output)
+    assert list(tmp_path.iterdir()) == []  # neither the output nor the temporary directory remains
+    monkeypatch.setattr(prepare_lib._ShardWriter, "write", real_write)
+    assert prepare(corpus_path, tokenizer_path, output)["documents"] > 5
+
+
+def test_a_directory_without_meta_is_not_taken_for_prepared_data(tmp_path, prepared_dir, corpus_path, tokenizer_path):
+    half_written = tmp_path / "half"
+    half_written.mkdir()
+    for shard in prepared_dir.glob("*.array_record"):
+        (half_written / shard.name).write_bytes(shard.read_bytes())
+    with pytest.raises(UserError, match="half: not a complete prepared dataset"):
+        open_data(str(half_written), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(UserError, match="half: not a complete prepared dataset"):
+        prepare(corpus_path, tokenizer_path, half_written)
+
+
+def test_documents_are_streamed_not_read_whole(tmp_path, monkeypatch):
+    """The first documents come out before the reader reaches a bad byte 3 MB later, and a
+    separator-less run longer than the document limit fails instead of filling memory."""
+    path = tmp_path / "big.txt"
+    path.write_bytes(f"first story\n{SEPARATOR}\n".encode() + b"x" * (3 << 20) + b"\xff")
+    documents = read_documents(path, SEPARATOR)
+    assert next(documents) == "first story"
+    with pytest.raises(UserError, match="not UTF-8"):
+        next(documents)
+    monkeypatch.setattr(prepare_lib, "_MAX_DOCUMENT_CHARS", 1 << 20)
+    with pytest.raises(UserError, match="without the separator"):
+        list(read_documents(path, SEPARATOR))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "missing.txt: not found"),
+        (b"", "no text in it"),
+        (b"  \n\n", "no text in it"),
+        (b"a story\x00\x01\x02 with binary bytes" + SEPARATOR.encode(), "binary content"),
+        ("caf\u00e9 story".encode("latin-1") + SEPARATOR.encode(), "not UTF-8 text"),
+        (b"one story without any separator\n", "never occurs"),
+    ],
+    ids=["missing", "empty", "blank", "binary", "latin-1", "no-separator"],
+)
+def test_bad_data_file_is_one_clear_error(tmp_path, tokenizer_path, content, message):
+    path = tmp_path / "missing.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UserError, match=message):
+        prepare(path, tokenizer_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_prepared_with_another_tokenizer_is_refused(tmp_path, prepared_dir, corpus_path, tokenizer_path):
+    other = train_tokenizer(corpus_path, tmp_path / "other.model", vocab_size=400, seed=0)
+    with pytest.raises(UserError, match="prepared with tokenizer .*tokenizer.model .*vocabulary 512.*vocabulary 400"):
+        open_data(str(prepared_dir), tokenizer_path=str(other), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(UserError, match="already prepared with another tokenizer"):
+        prepare(corpus_path, other, prepared_dir)
+
+
+def test_cli_prints_one_line_and_exits_user_error_on_bad_input(tmp_path, corpus_path, tokenizer_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe binary")
+    assert main(["--input", str(bad), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "o")]) == \
+        exitcodes.USER_ERROR
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "bad.txt" in error and "Traceback" not in error
+    assert main(["--input", str(corpus_path), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "o"),
+                 "--workers", "2"]) == exitcodes.OK
+    assert "documents" in capsys.readouterr().out

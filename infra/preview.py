@@ -17,6 +17,7 @@ from typing import Any
 import pulumi
 from pulumi.output import Unknown
 from pulumi.runtime import mocks, rpc
+from pulumi.runtime import settings
 
 from infra.config import PROJECT, PROJECT_ROOT, read_stack_values
 from infra.errors import ConfigError
@@ -99,20 +100,38 @@ class _Registration:
     dependency_urns: tuple[str, ...]
 
 
-def preview(values: dict[str, Any], stack: str) -> list[Resource]:
+@dataclass(frozen=True, kw_only=True)
+class StackPreview:
+    resources: list[Resource]
+    outputs: dict[str, Any]  # what `pulumi stack output` would show
+
+
+def preview(values: dict[str, Any], stack: str) -> StackPreview:
     """Run the program under mocks with `values` (a stack file's `config:` section) as its config.
     Raises ConfigError for an invalid config."""
     monitor = _RecordingMonitor(_CloudPlaceholders(str(values.get("gcp:project", PLACEHOLDER_PROJECT))))
+    settings.set_root_resource(None)  # set_mocks then starts a fresh stack, without earlier runs' exports
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=True, monitor=monitor)
     # The engine hands the program each value as a string, mappings as JSON.
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}, [])
+    root = settings.get_root_resource()
+    outputs: dict[str, Any] = {}
+
+    def program() -> pulumi.Output:
+        runpy.run_path(str(PROGRAM))
+        return pulumi.Output.from_input(root.outputs).apply(outputs.update)
+
     try:
-        pulumi.runtime.test(lambda: runpy.run_path(str(PROGRAM)) and None)()
+        pulumi.runtime.test(program)()
     except pulumi.RunError as error:
         raise ConfigError(str(error)) from None
-    names = {registration.urn: registration.name for registration in monitor.registrations}
+    return StackPreview(resources=_resources(monitor.registrations), outputs=outputs)
+
+
+def _resources(registrations: list["_Registration"]) -> list[Resource]:
+    names = {registration.urn: registration.name for registration in registrations}
     children: dict[str, list[_Registration]] = {}
-    for registration in monitor.registrations:
+    for registration in registrations:
         children.setdefault(registration.parent_urn if registration.parent_urn in names else "", []).append(registration)
 
     def walk(parent_urn: str) -> list[Resource]:
@@ -149,8 +168,8 @@ def _shown(value: Any) -> Any:
     return value
 
 
-def _print_text(resources: list[Resource]) -> None:
-    for resource in resources:
+def _print_text(result: StackPreview) -> None:
+    for resource in result.resources:
         parent = f"  in {resource.parent}" if resource.parent else ""
         provider = f"  provider {resource.provider}" if resource.provider else ""
         print(f"{resource.type}  {resource.name}{parent}{provider}")
@@ -158,7 +177,9 @@ def _print_text(resources: list[Resource]) -> None:
             print(f"  after: {', '.join(resource.depends_on)}")
         for line in json.dumps(resource.inputs, indent=2, sort_keys=True).splitlines()[1:-1]:
             print(f"  {line}")
-    print(f"{len(resources)} resources")
+    print(f"{len(result.resources)} resources. Stack outputs:")
+    for line in json.dumps(result.outputs, indent=2, sort_keys=True).splitlines()[1:-1]:
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         if "gcp:project" not in values:
             print(f"note: gcp:project is not set for stack {stack}; previewing with {PLACEHOLDER_PROJECT!r}", file=sys.stderr)
             values["gcp:project"] = PLACEHOLDER_PROJECT
-        resources = preview(values, stack)
+        result = preview(values, stack)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR
     if args.json:
-        print(json.dumps([resource.as_dict() for resource in resources], indent=2))
+        print(json.dumps([resource.as_dict() for resource in result.resources], indent=2))
     else:
-        _print_text(resources)
+        _print_text(result)
     return 0
 
 

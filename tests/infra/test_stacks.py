@@ -1,0 +1,292 @@
+"""Each shipped stack's resource graph under Pulumi mocks: what `pulumi up` would create."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from infra.config import shipped_stacks
+from infra.jobset import JOBSET_VERSION
+from infra.pricing import PRICE_PER_CHIP_HOUR_USD
+from infra.preview import preview
+from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+BUCKET = "gcp:storage/bucket:Bucket"
+SERVICE = "gcp:projects/service:Service"
+CPU_POOL = "cpu"
+
+
+def infra_resources(stack: str):
+    """The resources of this program's components (what the lead adds for workloads is not counted)."""
+    resources = previewed(stack).resources
+    components = {r.name for r in resources if r.type.startswith("gemma-tpu:infra:")}
+    return [r for r in resources if r.parent in components or r.type.startswith(("gemma-tpu:infra:", "pulumi:providers:gcp"))]
+
+
+def tpu_pools(stack: str):
+    return [r for r in of_type(previewed(stack).resources, NODE_POOL) if r.parent == "tpu"]
+
+
+def nodes_email(stack: str) -> str:
+    return f"gemma-{stack}-nodes@{PROJECT_ID}.iam.gserviceaccount.com"
+
+
+def training_email(stack: str) -> str:
+    return f"gemma-{stack}-train@{PROJECT_ID}.iam.gserviceaccount.com"
+
+
+def test_the_shipped_stacks_are_these():
+    assert set(shipped_stacks()) == set(SHIPPED_STACKS)
+
+
+COMMON = {
+    "pulumi:providers:gcp": 1,
+    "pulumi:providers:kubernetes": 1,
+    "gemma-tpu:infra:ProjectApis": 1,
+    "gemma-tpu:infra:GkeCluster": 1,
+    "gemma-tpu:infra:TpuPools": 1,
+    "gemma-tpu:infra:Buckets": 1,
+    "gemma-tpu:infra:TrainingIdentity": 1,
+    "gemma-tpu:infra:Registry": 1,
+    "gemma-tpu:infra:JobSetController": 1,
+    SERVICE: 7,
+    "gcp:serviceaccount/account:Account": 2,  # nodes, training
+    "gcp:projects/iAMMember:IAMMember": 4,  # the node account's logging and monitoring roles
+    CLUSTER: 1,
+    BUCKET: 2,
+    "gcp:storage/bucketIAMMember:BucketIAMMember": 2,
+    "gcp:serviceaccount/iAMMember:IAMMember": 1,  # Workload Identity
+    "gcp:artifactregistry/repository:Repository": 1,
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
+    "kubernetes:core/v1:Namespace": 1,
+    "kubernetes:core/v1:ServiceAccount": 1,
+    "kubernetes:yaml/v2:ConfigFile": 1,  # JobSet
+}
+NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0}  # CPU pool + one per slice
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_resource_counts(stack):
+    expected = {**COMMON, **({NODE_POOL: NODE_POOLS[stack]} if NODE_POOLS[stack] else {})}
+    assert Counter(r.type for r in infra_resources(stack)) == expected
+
+
+# The shapes the issue asks for: pools as (machine type, max nodes, placement).
+EXPECTED_TPU_POOLS = {
+    "dev": [("ct6e-standard-1t", 1, None)],
+    "multihost": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})],
+    "multislice": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})] * 2,
+    "autopilot": [],
+}
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_tpu_pools_have_the_slice_shape(stack):
+    pools = tpu_pools(stack)
+    shapes = [
+        (p.inputs["nodeConfig"]["machineType"], p.inputs["autoscaling"]["totalMaxNodeCount"], p.inputs.get("placementPolicy"))
+        for p in pools
+    ]
+    assert shapes == EXPECTED_TPU_POOLS[stack]
+    assert [p.inputs["name"] for p in pools] == [f"tpu-slice-{i}" for i in range(len(pools))]
+    for pool in pools:
+        # zero hosts between runs: a finished run stops billing
+        assert (pool.inputs["initialNodeCount"], pool.inputs["autoscaling"]["totalMinNodeCount"]) == (0, 0)
+        assert pool.inputs["nodeLocations"] == ["us-east5-b"]
+        assert pool.inputs["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+        assert pool.inputs["nodeConfig"]["serviceAccount"] == nodes_email(stack)
+        assert not {"spot", "flexStart", "reservationAffinity"} & set(pool.inputs["nodeConfig"])  # on-demand
+
+
+@pytest.mark.parametrize("stack", STANDARD_STACKS)
+def test_standard_cluster(stack):
+    resources = previewed(stack).resources
+    cluster = one(resources, CLUSTER).inputs
+    assert (cluster["name"], cluster["location"]) == (f"gemma-{stack}", "us-east5-b")
+    assert cluster["workloadIdentityConfig"] == {"workloadPool": f"{PROJECT_ID}.svc.id.goog"}
+    assert cluster["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
+    assert cluster["releaseChannel"] == {"channel": "REGULAR"}
+    assert cluster["removeDefaultNodePool"] is True
+    assert cluster["deletionProtection"] is False  # so `pulumi destroy` works on the shipped stacks
+    assert cluster["nodeConfig"]["serviceAccount"] == nodes_email(stack)  # never the default Compute account
+    cpu = one(resources, NODE_POOL, CPU_POOL).inputs
+    assert cpu["nodeConfig"]["machineType"].startswith("e2-")
+    assert cpu["nodeConfig"]["serviceAccount"] == nodes_email(stack)
+    assert cpu["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    assert cpu["autoscaling"]["minNodeCount"] >= 1  # controllers always have a home
+
+
+def test_autopilot_cluster():
+    resources = previewed("autopilot").resources
+    cluster = one(resources, CLUSTER).inputs
+    assert cluster["enableAutopilot"] is True
+    assert cluster["location"] == "us-east5"  # regional
+    assert cluster["clusterAutoscaling"]["autoProvisioningDefaults"]["serviceAccount"] == nodes_email("autopilot")
+    assert cluster["deletionProtection"] is False
+    assert of_type(resources, NODE_POOL) == []
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_buckets_are_private(stack):
+    buckets = {b.inputs["name"]: b.inputs for b in of_type(previewed(stack).resources, BUCKET)}
+    assert set(buckets) == {f"{PROJECT_ID}-{stack}-data", f"{PROJECT_ID}-{stack}-artifacts"}
+    for bucket in buckets.values():
+        assert bucket["uniformBucketLevelAccess"] is True
+        assert bucket["publicAccessPrevention"] == "enforced"
+        assert bucket["hierarchicalNamespace"] == {"enabled": True}
+        assert bucket["forceDestroy"] is True
+        assert bucket["location"] == "US-EAST5"
+
+
+def iam_grants(stack: str) -> set[tuple[str, str, str]]:
+    """(on what, role, member) for every IAM grant in the stack."""
+    grants = set()
+    for r in previewed(stack).resources:
+        if "iAMMember" in r.type or "IamMember" in r.type or "IAMMember" in r.type:
+            target = r.inputs.get("bucket") or r.inputs.get("repository") or r.inputs.get("serviceAccountId") or f"project {r.inputs['project']}"
+            grants.add((target, r.inputs["role"], r.inputs["member"]))
+    return grants
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_iam_grants_are_exactly_these(stack):
+    nodes, training = f"serviceAccount:{nodes_email(stack)}", f"serviceAccount:{training_email(stack)}"
+    project = f"project {PROJECT_ID}"
+    assert iam_grants(stack) == {
+        (project, "roles/logging.logWriter", nodes),
+        (project, "roles/monitoring.metricWriter", nodes),
+        (project, "roles/monitoring.viewer", nodes),
+        (project, "roles/stackdriver.resourceMetadata.writer", nodes),
+        (f"gemma-{stack}", "roles/artifactregistry.reader", nodes),
+        (f"{PROJECT_ID}-{stack}-data", "roles/storage.objectViewer", training),
+        (f"{PROJECT_ID}-{stack}-artifacts", "roles/storage.objectUser", training),
+        (
+            f"projects/{PROJECT_ID}/serviceAccounts/{training_email(stack)}",
+            "roles/iam.workloadIdentityUser",
+            f"serviceAccount:{PROJECT_ID}.svc.id.goog[training/trainer]",
+        ),
+    }
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_no_project_wide_storage_or_primitive_role(stack):
+    for target, role, member in iam_grants(stack):
+        assert role not in ("roles/owner", "roles/editor", "roles/viewer"), (target, role, member)
+        if target.startswith("project "):
+            assert not role.startswith("roles/storage."), (role, member)
+            assert training_email(stack) not in member, role
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_kubernetes_service_account_is_bound_to_the_training_account(stack):
+    resources = previewed(stack).resources
+    metadata = one(resources, "kubernetes:core/v1:ServiceAccount").inputs["metadata"]
+    assert (metadata["name"], metadata["namespace"]) == ("trainer", "training")
+    assert metadata["annotations"] == {"iam.gke.io/gcp-service-account": training_email(stack)}
+    assert one(resources, "kubernetes:core/v1:Namespace").inputs["metadata"]["name"] == "training"
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_every_kubernetes_object_goes_through_the_cluster_provider(stack):
+    resources = previewed(stack).resources
+    kubernetes = [r for r in resources if r.type.startswith("kubernetes:")]
+    assert kubernetes and all(r.provider == "gke" for r in kubernetes), [(r.name, r.provider) for r in kubernetes]
+    provider = one(resources, "pulumi:providers:kubernetes", "gke")
+    assert provider.inputs["clusterIdentifier"] == f"gemma-{stack}-id"  # the cluster's ID
+    assert provider.inputs["enableServerSideApply"] == "true"
+    kubeconfig = json.loads(provider.inputs["kubeconfig"])
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == "https://203.0.113.10"  # the cluster's endpoint
+    assert kubeconfig["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_jobset_is_pinned_and_installed_after_the_cluster_and_cpu_pool(stack):
+    install = one(previewed(stack).resources, "kubernetes:yaml/v2:ConfigFile", "jobset")
+    assert install.inputs["file"] == (
+        f"https://github.com/kubernetes-sigs/jobset/releases/download/{JOBSET_VERSION}/manifests.yaml"
+    )
+    assert JOBSET_VERSION == "v0.12.0"
+    assert install.provider == "gke"
+    needs = {f"gemma-{stack}"} | ({CPU_POOL} if stack in STANDARD_STACKS else set())
+    assert needs <= set(install.depends_on)
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_apis_are_enabled_first_and_kept_on_destroy(stack):
+    resources = previewed(stack).resources
+    services = of_type(resources, SERVICE)
+    assert {s.inputs["service"] for s in services} >= {"container.googleapis.com", "storage.googleapis.com", "artifactregistry.googleapis.com"}
+    assert all(s.inputs["disableOnDestroy"] is False for s in services)
+    api_names = {s.name for s in services}
+    for r in resources:
+        if r.type.startswith("gcp:") and r.type != SERVICE:
+            assert api_names <= set(r.depends_on), r.name
+            assert r.provider == "gcp", r.name
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_registry_has_a_cleanup_policy(stack):
+    repository = one(previewed(stack).resources, "gcp:artifactregistry/repository:Repository").inputs
+    assert (repository["format"], repository["location"], repository["repositoryId"]) == ("DOCKER", "us-east5", f"gemma-{stack}")
+    assert repository["cleanupPolicyDryRun"] is False
+    actions = {policy["action"] for policy in repository["cleanupPolicies"]}
+    assert actions == {"KEEP", "DELETE"}
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_outputs(stack):
+    outputs = previewed(stack).outputs
+    location = "us-east5" if stack == "autopilot" else "us-east5-b"
+    assert outputs["clusterName"] == f"gemma-{stack}"
+    assert outputs["clusterLocation"] == location
+    assert outputs["getCredentials"] == (
+        f"gcloud container clusters get-credentials gemma-{stack} --location {location} --project {PROJECT_ID}"
+    )
+    assert outputs["dataBucketUrl"] == f"gs://{PROJECT_ID}-{stack}-data"
+    assert outputs["artifactsBucketUrl"] == f"gs://{PROJECT_ID}-{stack}-artifacts"
+    assert outputs["registryUrl"] == f"us-east5-docker.pkg.dev/{PROJECT_ID}/gemma-{stack}"
+    assert (outputs["namespace"], outputs["kubernetesServiceAccount"]) == ("training", "trainer")
+    assert outputs["trainingServiceAccount"] == training_email(stack)
+
+
+CHIPS = {"dev": 1, "multihost": 8, "multislice": 16, "autopilot": 1}
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_cost_per_hour_is_chips_times_the_price(stack):
+    cost = previewed(stack).outputs["tpuCostPerHourUsd"]
+    price = PRICE_PER_CHIP_HOUR_USD["v6e"]
+    assert cost["chips"] == CHIPS[stack]
+    assert cost["onDemand"] == pytest.approx(CHIPS[stack] * price.on_demand)
+    assert cost["spot"] == pytest.approx(CHIPS[stack] * price.spot) and cost["spot"] < cost["onDemand"]
+
+
+def capacity_pool(capacity: dict) -> dict:
+    values = stack_values("multihost", **{"gemma-tpu:tpu": {"topology": "2x4", **capacity}})
+    [pool] = [r for r in preview(values, "capacity").resources if r.type == NODE_POOL and r.parent == "tpu"]
+    return pool.inputs
+
+
+def test_spot_pool():
+    pool = capacity_pool({"capacity": "spot"})
+    assert pool["nodeConfig"]["spot"] is True
+    assert pool["autoscaling"]["totalMinNodeCount"] == 0
+
+
+def test_reservation_pool():
+    pool = capacity_pool({"capacity": "reservation", "reservation": "team-v6e"})
+    assert pool["nodeConfig"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["team-v6e"],
+    }
+
+
+def test_flex_start_pool():
+    pool = capacity_pool({"capacity": "flex-start"})
+    assert pool["nodeConfig"]["flexStart"] is True
+    assert pool["nodeConfig"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    assert pool["management"]["autoRepair"] is False
+    assert (pool["autoscaling"]["totalMinNodeCount"], pool["autoscaling"]["locationPolicy"]) == (0, "ANY")

@@ -16,6 +16,8 @@ NETWORK_TUNING_MODES = ("host-network",)
 WORKLOAD_KINDS = ("Pod", "Job", "CronJob", "JobSet")
 REPOSITORY = "gcp:artifactregistry/repository:Repository"
 GCP_PROVIDER = "pulumi:providers:gcp"
+# A pushed build's reference is unknown until `pulumi up`; its tags, which say where it goes, are not.
+IMAGE_BUILD = "docker-build:index:Image"
 
 
 def _network_tuning(obj: KubeObject) -> tuple[bool, list[str]]:
@@ -80,25 +82,34 @@ def registry_prefixes(resources: Sequence[Resource]) -> list[str]:
     return prefixes
 
 
+def _images(resource: Resource) -> list[tuple[str, Any]]:
+    """(what, image reference) for each image a resource runs or pushes."""
+    if resource.type == IMAGE_BUILD:
+        if resource.props.get("push") is not True:
+            return []
+        return [("image build pushes tag", tag) for tag in as_list(resource.props.get("tags"))]
+    return [
+        (f"{obj.label}: container {c.get('name')!r} runs image", c.get("image"))
+        for obj in kubernetes_objects(resource.type, resource.props)
+        if obj.kind in WORKLOAD_KINDS
+        for pod in pod_specs(obj)
+        for c in containers(pod)
+    ]
+
+
 def check_images_from_stack_registry(resources: Sequence[Resource]) -> list[Violation]:
     prefixes = registry_prefixes(resources)
     where = " or ".join(prefixes) if prefixes else "(none: the stack declares no Docker repository)"
-    violations = []
-    for resource in resources:
-        for obj in kubernetes_objects(resource.type, resource.props):
-            if obj.kind not in WORKLOAD_KINDS:
-                continue
-            for pod in pod_specs(obj):
-                violations += [
-                    Violation(
-                        f"{obj.label}: container {c.get('name')!r} runs image {c.get('image')!r}, which is not "
-                        f"in the stack's Artifact Registry repository {where}; push it there and use that URI",
-                        resource,
-                    )
-                    for c in containers(pod)
-                    if not any(str(c.get("image", "")).startswith(p) for p in prefixes)
-                ]
-    return violations
+    return [
+        Violation(
+            f"{what} {image!r}, which is not in the stack's Artifact Registry repository {where}; "
+            "push it there and use that URI",
+            resource,
+        )
+        for resource in resources
+        for what, image in _images(resource)
+        if not any(str(image).startswith(p) for p in prefixes)
+    ]
 
 
 PODS_UNPRIVILEGED = ResourceRule(
@@ -113,7 +124,8 @@ IMAGES_FROM_STACK_REGISTRY = StackRule(
     name="workload-images-from-stack-registry",
     description=(
         "Every container of a Pod, Job, CronJob or JobSet runs an image from an Artifact Registry "
-        "repository of the same stack (LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/...)."
+        "repository of the same stack (LOCATION-docker.pkg.dev/PROJECT/REPOSITORY/...), and every "
+        "image the stack builds is pushed there."
     ),
     check=check_images_from_stack_registry,
 )

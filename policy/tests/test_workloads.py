@@ -146,3 +146,22 @@ def test_controllers_are_not_training_workloads():
         {"spec": {"template": {"spec": {"containers": [{"name": "m", "image": "registry.k8s.io/jobset/jobset:v0.12.0"}]}}}},
     )
     assert check_images_from_stack_registry([deployment]) == []
+
+
+def test_the_stack_pushes_its_builds_to_its_own_repository(compliant_graph):
+    build = {"type": "docker-build:index:Image", "name": "trainer", "parent": None,
+             "inputs": {"push": True, "tags": [OUR_IMAGE]}}
+    assert check_images_from_stack_registry(graph([*compliant_graph, build])) == []
+    build["inputs"]["tags"] = ["docker.io/someone/trainer:latest"]
+    [violation] = check_images_from_stack_registry(graph([*compliant_graph, build]))
+    assert violation.resource.name == "trainer" and "docker.io/someone/trainer:latest" in violation.message
+    build["inputs"]["push"] = False  # a local build goes nowhere
+    assert check_images_from_stack_registry(graph([*compliant_graph, build])) == []
+
+
+def test_a_repository_without_its_own_project_lives_in_the_providers(compliant_graph):
+    repository = next(e for e in compliant_graph if e["type"] == "gcp:artifactregistry/repository:Repository")
+    del repository["inputs"]["project"]
+    assert len(check_images_from_stack_registry(graph(compliant_graph))) == 2
+    provider = {"type": "pulumi:providers:gcp", "name": "gcp", "parent": None, "inputs": {"project": "my-project"}}
+    assert check_images_from_stack_registry(graph([*compliant_graph, provider])) == []

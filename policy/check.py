@@ -49,12 +49,16 @@ def _urn(entry: dict) -> str:
     return f"{entry['type']}::{entry['name']}"
 
 
-def _label(urn: str) -> str:
+def _label(urn: str | None) -> str:
+    if not urn:
+        return "the stack"
     resource_type, name = urn.split("::", 1)
     return f"{resource_type} {name!r}"
 
 
-def _run(policy: Policy, args: Any, urn: str, outcome: Outcome) -> None:
+def _run(policy: Policy, args: Any, urn: str | None, outcome: Outcome) -> None:
+    """Validate one resource (urn) or the whole stack (None), as the engine would."""
+
     def report(message: str, violating_urn: str | None = None) -> None:
         outcome.violations.append(f"[{policy.name}] {_label(violating_urn or urn)}: {message}")
 
@@ -77,7 +81,7 @@ def check_graph(entries: Sequence[dict]) -> Outcome:
                 PolicyResource(entry["type"], props, _urn(entry), entry["name"], _OPTIONS, None, None, [], {})
                 for entry, props in views
             ]
-            _run(policy, StackValidationArgs(stack), "stack::(the whole stack)", outcome)
+            _run(policy, StackValidationArgs(stack), None, outcome)
     return outcome
 
 

@@ -78,3 +78,14 @@ def test_the_command_rejects_a_file_that_is_not_a_graph_in_one_line(tmp_path, ca
         assert main([str(bad)]) == 2
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "bad.json" in error and "infra.preview" in error
+
+
+def test_an_image_unknown_before_up_leaves_the_stack_policy_not_run(compliant_graph):
+    prepare = entry_named(compliant_graph, "prepare")["inputs"]
+    prepare["spec"]["template"]["spec"]["containers"][0]["image"] = COMPUTED
+    outcome = check_graph(compliant_graph)
+    assert outcome.violations == []
+    assert outcome.not_run == [
+        "[workload-images-from-stack-registry] the stack: string value at "
+        ".spec.template.spec.containers.0.image can't be known during preview"
+    ]

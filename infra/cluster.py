@@ -106,7 +106,9 @@ class GkeCluster(Component):
                 ),
                 deletion_protection=config.deletion_protection,
             ),
-            opts=self.child(*self.node_roles),
+            # After the default pool is gone GKE reports another node config; without this a
+            # later `pulumi up` would see a diff there and replace the cluster.
+            opts=self.child(*self.node_roles, ignore_changes=["nodeConfig", "initialNodeCount"]),
         )
 
     def _autopilot(self, config: StackConfig) -> gcp.container.Cluster:

@@ -1,0 +1,73 @@
+"""Workloads and infrastructure derive from the same stack config: the pods land on the node pools
+infra creates, as the ServiceAccount infra creates, reading the buckets infra creates, also after
+the topology or slice count of a stack changes."""
+
+import pytest
+
+from infra import tpu
+from infra.config import parse_stack_config
+from infra.preview import preview
+from tests.workloads.conftest import STACKS, spec_of, stack_values
+from workloads import manifests
+
+TPU_MACHINE_TYPES = {s.machine_type for s in tpu.catalog()}
+
+
+def _inputs_by_type(resources, type_):
+    return [r.inputs for r in resources if r.type == type_]
+
+
+def _check_consistent(values, stack):
+    config = parse_stack_config(values, stack)
+    resources = preview(values, stack).resources
+    spec = spec_of(config)
+    run = manifests.training(spec)
+    pod = (run["spec"]["template"] if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["template"]["spec"]["template"])["spec"]
+    selector = pod["nodeSelector"]
+    chips = int(pod["containers"][0]["resources"]["limits"]["google.com/tpu"])
+    replicas = 1 if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["replicas"]
+    pods_per_slice = 1 if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"]
+
+    pools = [p for p in _inputs_by_type(resources, "gcp:container/nodePool:NodePool") if p["nodeConfig"]["machineType"] in TPU_MACHINE_TYPES]
+    if config.cluster_mode == "autopilot":
+        assert pools == []  # GKE provisions from the pods' selectors alone
+    else:
+        assert len(pools) == replicas
+        for pool in pools:
+            assert pool["autoscaling"]["totalMaxNodeCount"] == pods_per_slice
+            assert pool["nodeConfig"]["machineType"].endswith(f"-{chips}t")
+            if pods_per_slice > 1:  # a multi-host slice: the pool is one compact block of that topology
+                assert pool["placementPolicy"]["tpuTopology"] == selector["cloud.google.com/gke-tpu-topology"]
+            else:
+                assert "placementPolicy" not in pool
+            assert bool(pool["nodeConfig"].get("spot")) == ("cloud.google.com/gke-spot" in selector)
+            reserved = pool["nodeConfig"].get("reservationAffinity", {}).get("values")
+            assert reserved == ([selector["cloud.google.com/reservation-name"]] if reserved else None)
+    assert (pods_per_slice * chips) == config.slice.chips
+
+    (namespace,) = _inputs_by_type(resources, "kubernetes:core/v1:Namespace")
+    (account,) = _inputs_by_type(resources, "kubernetes:core/v1:ServiceAccount")
+    assert manifests.namespace(spec) == namespace
+    assert manifests.service_account(spec) == account
+    buckets = {b["name"] for b in _inputs_by_type(resources, "gcp:storage/bucket:Bucket")}
+    assert {spec.data_bucket, spec.artifacts_bucket} == buckets
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_each_shipped_stack_runs_on_what_infra_creates(stack):
+    _check_consistent(stack_values(stack), stack)
+
+
+@pytest.mark.parametrize(
+    ("stack", "tpu_changes"),
+    [
+        ("multislice", {"slices": 4}),
+        ("multihost", {"topology": "4x4"}),
+        ("dev", {"topology": "2x2", "capacity": "spot"}),
+        ("multihost", {"capacity": "reservation", "reservation": "my-tpus"}),
+    ],
+)
+def test_changing_topology_or_slices_moves_pools_and_workloads_together(stack, tpu_changes):
+    values = stack_values(stack)
+    values["gemma-tpu:tpu"] = {**values["gemma-tpu:tpu"], **tpu_changes}
+    _check_consistent(values, stack)

@@ -159,6 +159,12 @@ class _Section:
 
     def number(self, name: str, default: float, above: float, maximum: float) -> float:
         value = self._get(name, default)
+        # `pulumi config set --path` stores 2e-5 as the string "2e-5" (it converts only ints and bools).
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{self.key(name)} must be a number, got {value!r}")
         if not above < value <= maximum:
@@ -176,6 +182,12 @@ class _Section:
 
     def reject_unknown(self) -> None:
         for name in self._values:
+            section = name.split(".")[0]
+            if name not in self._known and section in self._known:
+                raise ConfigError(
+                    f"{self.key(name)} is not a known key; to set a key inside {section}, run "
+                    f"`pulumi config set --path '{name}' VALUE`"
+                )
             if name not in self._known:
                 raise ConfigError(
                     f"{self.key(name)} is not a known key; the keys here are {', '.join(self._known)}"

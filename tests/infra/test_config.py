@@ -72,6 +72,10 @@ def test_user_choices_are_kept():
     assert (config.training.steps, config.training.lora_rank, config.training.run_name) == (100, 8, "lora-run")
 
 
+def test_learning_rate_set_with_path_arrives_as_text_and_is_read():
+    assert parse(training={"learningRate": "1e-4"}).training.learning_rate == 1e-4
+
+
 MULTISLICE = {"topology": "2x4", "slices": 2}
 
 # (stack config sections, the message it must give: key and allowed values)
@@ -129,6 +133,15 @@ INVALID = {
     "unknown nested key": (
         {"tpu": {"topolgy": "2x4"}},
         "gemma-tpu:tpu.topolgy is not a known key; the keys here are accelerator, topology, slices, capacity, reservation",
+    ),
+    "nested key set without --path": (
+        {"gemma-tpu:tpu.slices": 2},
+        "gemma-tpu:tpu.slices is not a known key; to set a key inside gemma-tpu:tpu, run "
+        "`pulumi config set --path 'gemma-tpu:tpu.slices' VALUE`",
+    ),
+    "text for learning rate": (
+        {"training": {"learningRate": "fast"}},
+        "gemma-tpu:training.learningRate must be a number, got 'fast'",
     ),
     "string for slices": ({"tpu": {"slices": "2"}}, "gemma-tpu:tpu.slices must be an integer, got '2'"),
     "boolean for slices": ({"tpu": {"slices": True}}, "gemma-tpu:tpu.slices must be an integer, got True"),

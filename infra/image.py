@@ -85,6 +85,8 @@ class TrainerImage(pulumi.ComponentResource):
             build_args={"TRAINER_UID": str(TRAINER_UID)},
             platforms=[docker_build.Platform.LINUX_AMD64],
             push=True,
+            # `pulumi preview` stays fast and needs no Docker; the digest is known after `up`.
+            build_on_preview=False,
             tags=[pulumi.Output.concat(repository_url, f"/{IMAGE_NAME}:{source_tag()}")],
             registries=[
                 docker_build.RegistryArgs(

@@ -14,6 +14,8 @@ from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, run_shape, run_spe
 class TrainingRun(pulumi.ComponentResource):
     """Data preparation, then the training Job or JobSet.
 
+    Both come after `namespace`, `service_account` and `after` (e.g. the IAM bindings that let the
+    ServiceAccount's Google account mount the buckets); training also after `jobset_install`.
     `pulumi up` awaits the preparation Job (up to its deadline), so a bad dataset URL fails the
     update, then creates the training object without waiting for it (`pulumi.com/skipAwait`: a run
     takes hours). The image reference is an output of the image build, so the objects are built
@@ -21,6 +23,7 @@ class TrainingRun(pulumi.ComponentResource):
     """
 
     spec: pulumi.Output[RunSpec]
+    run_name: pulumi.Output[str]
     logs_command: pulumi.Output[str]
     status_command: pulumi.Output[str]
     tensorboard_dir: pulumi.Output[str]
@@ -51,14 +54,15 @@ class TrainingRun(pulumi.ComponentResource):
             "training",
             self.spec.apply(manifests.training),
             provider,
-            depends_on=[prepare, jobset_install],
+            depends_on=[prepare, jobset_install, namespace, service_account, *after],
             jobset=run_shape(config) == "jobset",
         )
+        self.run_name = self.spec.apply(lambda spec: spec.name)
         self.logs_command = self.spec.apply(manifests.logs_command)
         self.status_command = self.spec.apply(manifests.status_command)
         self.tensorboard_dir = self.spec.apply(lambda spec: spec.tensorboard_url)
         self.register_outputs(
-            {"logsCommand": self.logs_command, "statusCommand": self.status_command, "tensorboardDir": self.tensorboard_dir}
+            {"runName": self.run_name, "logsCommand": self.logs_command, "statusCommand": self.status_command, "tensorboardDir": self.tensorboard_dir}
         )
 
     def _apply(self, name, obj, provider, *, depends_on, jobset=False, custom_timeouts=None) -> pulumi.Resource:

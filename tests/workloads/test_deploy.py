@@ -89,7 +89,7 @@ def test_image_is_built_from_trainer_sources_and_pushed_with_a_secret_token(pulu
     registrations = pulumi_mocks(_image_program(stack_config("dev"), []))
     (build,) = [r for r in registrations if r.type == "docker-build:index:Image"]
     inputs = build.inputs
-    assert inputs["push"] is True
+    assert inputs["push"] is True and inputs["buildOnPreview"] is False
     assert inputs["tags"] == [f"us-east5-docker.pkg.dev/my-project/gemma-dev/trainer:{source_tag()}"]
     assert pathlib.Path(inputs["context"]["location"]) == TRAINER_DIR
     assert inputs["buildArgs"] == {"TRAINER_UID": str(TRAINER_UID)}

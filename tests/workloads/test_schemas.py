@@ -15,27 +15,27 @@ def jobset_schema():
     return jobset_validator()
 
 
+def validate(obj, request):
+    if obj["kind"] == "JobSet":
+        validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
+    else:
+        validate_builtin(obj)
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_object_of_every_stack_validates_strictly(stack, request):
-    objects = manifests.all_objects(spec_of(stack_config(stack)))
-    for obj in objects:
-        if obj["kind"] == "JobSet":
-            validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
-        else:
-            validate_builtin(obj)
+    for obj in manifests.all_objects(spec_of(stack_config(stack))):
+        validate(obj, request)
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_optional_parts_validate_too(stack, jobset_schema):
+def test_optional_parts_validate_too(stack, request):
     """Profiling (a port), Spot (a selector) and a gs:// dataset in another bucket (one more volume)."""
     config = edited_config(
         stack, tpu={"capacity": "spot"}, training={"profiling": True, "dataset": "gs://corpora/tiny/train.txt"}
     )
     for obj in manifests.all_objects(spec_of(config)):
-        if obj["kind"] == "JobSet":
-            validate_jobset(obj, jobset_schema)
-        else:
-            validate_builtin(obj)
+        validate(obj, request)
 
 
 def test_builtin_validation_catches_a_misspelt_field():

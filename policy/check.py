@@ -21,6 +21,7 @@ from pulumi_policy import (
     ResourceValidationPolicy,
     StackValidationArgs,
 )
+from pulumi_policy.deserialize import deserialize_properties
 from pulumi_policy.policy import PolicyCustomTimeouts
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
@@ -36,13 +37,18 @@ class Outcome(NamedTuple):
     not_run: list[str]  # "[policy] TYPE 'NAME': why", for values unknown before `pulumi up`
 
 
-def _engine_view(value: Any) -> Any:
-    """Inputs as the engine hands them to a policy: unknowns as its sentinel, behind its proxy."""
+def _with_unknowns(value: Any) -> Any:
     if isinstance(value, dict):
-        return {key: _engine_view(item) for key, item in value.items()}
+        return {key: _with_unknowns(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_engine_view(item) for item in value]
+        return [_with_unknowns(item) for item in value]
     return UNKNOWN_STRING_VALUE if value == COMPUTED else value
+
+
+def _engine_view(inputs: dict) -> Any:
+    """Inputs as the engine hands them to a policy: secrets unwrapped, unknowns as its sentinel,
+    behind its read-only proxy."""
+    return unknown_checking_proxy(_with_unknowns(deserialize_properties(inputs)))
 
 
 def _urn(entry: dict) -> str:
@@ -70,7 +76,7 @@ def _run(policy: Policy, args: Any, urn: str | None, outcome: Outcome) -> None:
 
 def check_graph(entries: Sequence[dict]) -> Outcome:
     outcome = Outcome([], [])
-    views = [(entry, unknown_checking_proxy(_engine_view(entry.get("inputs") or {}))) for entry in entries]
+    views = [(entry, _engine_view(entry.get("inputs") or {})) for entry in entries]
     for policy in policies():
         if isinstance(policy, ResourceValidationPolicy):
             for entry, props in views:

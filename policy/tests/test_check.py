@@ -89,3 +89,11 @@ def test_an_image_unknown_before_up_leaves_the_stack_policy_not_run(compliant_gr
         "[workload-images-from-stack-registry] the stack: string value at "
         ".spec.template.spec.containers.0.image can't be known during preview"
     ]
+
+
+def test_secret_inputs_are_judged_by_their_value(compliant_graph):
+    """The preview prints a secret in its wire form; the engine hands policies the plain value."""
+    secret_sig, secret = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
+    entry_named(compliant_graph, "nodes-log-writer")["inputs"]["member"] = {secret_sig: secret, "value": "allUsers"}
+    [violation] = check_graph(compliant_graph).violations
+    assert violation.startswith("[no-public-iam-members] ") and "allUsers" in violation

@@ -15,8 +15,9 @@ from rules import Resource
 from rules.workloads import IMAGES_FROM_STACK_REGISTRY, PODS_UNPRIVILEGED, registry_prefixes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The main virtualenv's python, which has the Pulumi program's dependencies (override: MAIN_PYTHON).
-MAIN_PYTHON = Path(os.environ.get("MAIN_PYTHON", REPO_ROOT / ".venv" / "bin" / "python"))
+# The main virtualenv's python, which has the Pulumi program's dependencies (override: MAIN_PYTHON,
+# relative to where pytest runs). absolute(), not resolve(): the venv's python is a symlink.
+MAIN_PYTHON = Path(os.environ.get("MAIN_PYTHON", REPO_ROOT / ".venv" / "bin" / "python")).absolute()
 PREVIEW_MODULE = REPO_ROOT / "infra" / "preview.py"
 STACKS = sorted(path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in REPO_ROOT.glob("Pulumi.*.yaml"))
 DOCUMENTED_STACKS = {"dev", "multihost", "multislice", "autopilot"}

@@ -45,6 +45,19 @@ def spec_of(config: StackConfig, image: str = IMAGE) -> RunSpec:
     return run_spec(config, image=image)
 
 
+def training_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of a training Job or of a JobSet's (only) replicated Job."""
+    if obj["kind"] == "Job":
+        return obj["spec"]["template"]
+    (replicated,) = obj["spec"]["replicatedJobs"]
+    return replicated["template"]["spec"]["template"]
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] if c["name"] == name]
+    return found
+
+
 def schemas_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get(SCHEMAS_ENV, REPO.parent / "shared" / "schemas"))
 

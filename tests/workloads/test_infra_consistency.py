@@ -7,7 +7,7 @@ import pytest
 from infra import tpu
 from infra.config import parse_stack_config
 from infra.preview import preview
-from tests.workloads.conftest import STACKS, spec_of, stack_values
+from tests.workloads.conftest import STACKS, container, spec_of, stack_values, training_pod
 from workloads import manifests
 
 TPU_MACHINE_TYPES = {s.machine_type for s in tpu.catalog()}
@@ -22,9 +22,9 @@ def _check_consistent(values, stack):
     resources = preview(values, stack).resources
     spec = spec_of(config)
     run = manifests.training(spec)
-    pod = (run["spec"]["template"] if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["template"]["spec"]["template"])["spec"]
-    selector = pod["nodeSelector"]
-    chips = int(pod["containers"][0]["resources"]["limits"]["google.com/tpu"])
+    pod = training_pod(run)
+    selector = pod["spec"]["nodeSelector"]
+    chips = int(container(pod, manifests.TRAINER_CONTAINER)["resources"]["limits"]["google.com/tpu"])
     replicas = 1 if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["replicas"]
     pods_per_slice = 1 if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"]
 

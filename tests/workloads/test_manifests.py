@@ -4,25 +4,13 @@ land, what happens when a pod fails, that data comes first, and what the trainer
 import pytest
 
 from infra import tpu
-from tests.workloads.conftest import IMAGE, STACKS, edited_config, spec_of, stack_config
+from tests.workloads.conftest import IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
 from trainer import exitcodes, prepare
 from trainer.config import parse_config
 from workloads import manifests
 from workloads.spec import ARTIFACTS_MOUNT, PREPARED_MARKER_FILE
 
 EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
-
-
-def training_pod(obj):
-    if obj["kind"] == "Job":
-        return obj["spec"]["template"]
-    (replicated,) = obj["spec"]["replicatedJobs"]
-    return replicated["template"]["spec"]["template"]
-
-
-def container(pod, name):
-    (found,) = [c for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] if c["name"] == name]
-    return found
 
 
 def env_of(container_spec):

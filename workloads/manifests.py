@@ -60,7 +60,8 @@ def _labels(component: str, name: str) -> dict[str, str]:
 
 
 def _fuse_volume(name: str, bucket: str, *, read_only: bool, cached: bool = False) -> dict[str, Any]:
-    attributes = {"bucketName": bucket}
+    # Files on the mount belong to the pods' non-root user, so it may write where the volume allows.
+    attributes = {"bucketName": bucket, "mountOptions": f"uid={TRAINER_UID},gid={TRAINER_UID},allow_other"}
     if cached:
         # Training data does not change during a run: cache whole files (also on the random reads
         # of the loader) and their metadata for the life of the pod.
@@ -82,8 +83,7 @@ def _pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
 
 
 def _pod_security() -> dict[str, Any]:
-    # fsGroup: the FUSE driver mounts the buckets for this group, so the non-root user can write.
-    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID, "fsGroup": TRAINER_UID}
+    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID}
 
 
 _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}

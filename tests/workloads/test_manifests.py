@@ -237,7 +237,11 @@ def test_security_non_root_no_privilege_and_no_host_paths():
     for stack in STACKS:
         spec = spec_of(stack_config(stack))
         for pod in (training_pod(manifests.training(spec)), manifests.preparation_job(spec)["spec"]["template"]):
-            assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+            security = pod["spec"]["securityContext"]
+            assert security["runAsNonRoot"] is True
+            for volume in (v for v in pod["spec"]["volumes"] if "csi" in v):  # the user owns the FUSE mounts
+                options = volume["csi"]["volumeAttributes"]["mountOptions"].split(",")
+                assert {f"uid={security['runAsUser']}", f"gid={security['runAsGroup']}"} <= set(options)
             assert all(not c["securityContext"]["allowPrivilegeEscalation"]
                        for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []))  # fmt: skip
             assert not any("hostPath" in v for v in pod["spec"]["volumes"])

@@ -3,20 +3,23 @@
 The formula (bytes on one chip; N = model parameters, A = LoRA adapter parameters, fsdp = the
 number of chips the state is sharded over):
 
-- weights: float32 master weights 4N, sharded: 4N / fsdp. With LoRA they are frozen.
-- gradients and AdamW state (mu, nu), float32, sharded: full fine-tune 12N / fsdp; LoRA trains
-  the adapters only: 16A (weights, gradients, mu, nu), kept whole since they are small.
-- compute copy: the bfloat16 cast of the weights, 2N / fsdp (+2A with LoRA), plus, under FSDP,
-  the weights all-gathered for the layer being computed: the embedding or one block, whichever
-  is larger, at 2 bytes each.
+- weights: full fine-tune, float32 master weights, sharded: 4N / fsdp. LoRA: the frozen base is
+  held in bfloat16 only (the trainer casts it once; it is also the compute copy): 2N / fsdp.
+- gradients and AdamW state (mu, nu), float32, sharded: full fine-tune 12N / fsdp. LoRA trains
+  the adapters only: their float32 weights, gradients, mu and nu, 16A, kept whole (they are small).
+- compute copy: full fine-tune, the bfloat16 cast of the masters, 2N / fsdp; LoRA, of the
+  adapters, 2A. Under FSDP also the weights all-gathered for the layer being computed: the
+  embedding or one block, whichever is larger, at 2 bytes each.
 - activations saved for the backward pass, bfloat16, without rematerialisation, per token and
   layer: the block's inputs and outputs (10 x embed_dim), q, k, v and the attention output
   (2 x heads x head_dim + 2 x kv_heads x head_dim), the feed-forward's gate, up, activation and
   product (4 x hidden_dim), and the attention logits and probabilities (2 x heads x seq_len).
   Times layers x batch_per_chip x seq_len. The loss is assumed computed in vocabulary chunks.
 
-It leaves out XLA's temporary buffers and fragmentation, and XLA's fusions often save some of the
-activations counted here, so read "fits" as "plausible" and keep a margin.
+It is the steady state of the step loop: loading LoRA's base briefly holds it in float32 too
+(before any activation exists). It leaves out XLA's temporary buffers and fragmentation, and XLA's
+fusions often save some of the activations counted here, so read "fits" as "plausible" and keep a
+margin.
 """
 
 import argparse
@@ -53,13 +56,13 @@ def estimate_bytes_per_chip(config, *, chips: int, fsdp: int, lora_rank: int, ba
     adapters = flops.lora_param_count(config, lora_rank) if lora_rank else 0
     gathered = max(flops.embedding_params(config), flops.layer_params(config)) * _BF16 if fsdp > 1 else 0
     if lora_rank:
-        optimizer = 4 * _F32 * adapters
+        weights, optimizer, compute_copy = _BF16 * params / fsdp, 4 * _F32 * adapters, _BF16 * adapters
     else:
-        optimizer = 3 * _F32 * params / fsdp
+        weights, optimizer, compute_copy = _F32 * params / fsdp, 3 * _F32 * params / fsdp, _BF16 * params / fsdp
     estimate = {
-        "weights": _F32 * params / fsdp,
+        "weights": weights,
         "gradients_and_optimizer": optimizer,
-        "compute_copy": _BF16 * params / fsdp + _BF16 * adapters + gathered,
+        "compute_copy": compute_copy + gathered,
         "activations": batch_per_chip * seq_len * _activation_bytes_per_token(config, seq_len),
     }
     return {key: math.ceil(value) for key, value in estimate.items()} | {

@@ -64,11 +64,11 @@ def _fuse_volume(name: str, bucket: str, *, read_only: bool, cached: bool = Fals
     attributes = {"bucketName": bucket, "mountOptions": f"uid={TRAINER_UID},gid={TRAINER_UID},allow_other"}
     if cached:
         # Training data does not change during a run: cache whole files (also on the random reads
-        # of the loader) and their metadata for the life of the pod.
+        # of the loader) and all their metadata. The metadata TTL stays at its default, so the
+        # data wait sees the preparation marker appear instead of a cached "no such file".
         attributes |= {
             "fileCacheCapacity": "-1",
             "fileCacheForRangeRead": "true",
-            "metadataCacheTTLSeconds": "-1",
             "metadataStatCacheCapacity": "-1",
             "metadataTypeCacheCapacity": "-1",
         }

@@ -1,6 +1,8 @@
 """What the builders promise a user, stack by stack: the shape and size of the run, where its pods
 land, what happens when a pod fails, that data comes first, and what the trainer is told."""
 
+import subprocess
+
 import pytest
 
 from infra import tpu
@@ -137,12 +139,9 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
     assert buckets == [spec.data_bucket] * 2
 
 
-def test_preparation_is_idempotent_and_fails_at_once_on_bad_input():
+def test_preparation_fails_at_once_on_bad_input():
     prep = manifests.preparation_job(spec_of(stack_config("dev")))
-    script = container(prep["spec"]["template"], "prepare")["command"][-1]
-    first_line = script.splitlines()[1]
-    assert first_line.startswith('if [ -f "$MARKER" ]') and "exit 0" in first_line  # before any download
-    rule = prep["spec"]["podFailurePolicy"]["rules"][0]
+    (rule,) = prep["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [exitcodes.USER_ERROR]
 
 
@@ -245,3 +244,16 @@ def test_security_non_root_no_privilege_and_no_host_paths():
             assert all(not c["securityContext"]["allowPrivilegeEscalation"]
                        for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []))  # fmt: skip
             assert not any("hostPath" in v for v in pod["spec"]["volumes"])
+
+
+def test_preparation_script_does_nothing_when_the_output_is_complete(tmp_path):
+    """The container's script, run here: a complete output ends it before any download."""
+    prep = manifests.preparation_job(spec_of(stack_config("dev")))
+    prepare_container = container(prep["spec"]["template"], "prepare")
+    (tmp_path / PREPARED_MARKER_FILE).write_text("{}")
+    env = {**env_of(prepare_container), "OUTPUT": str(tmp_path), "MARKER": str(tmp_path / PREPARED_MARKER_FILE),
+           "DATASET_URL": "https://unreachable.invalid/corpus.txt", "INPUT": str(tmp_path / "never-written")}  # fmt: skip
+    result = subprocess.run(prepare_container["command"], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "already prepared" in result.stdout
+    assert not (tmp_path / "never-written").exists()

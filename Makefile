@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo
+.PHONY: help setup test demo render
+STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
 	@echo "make test   the test suite (offline)"
+	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
 
 setup: $(STAMP)
 
@@ -27,3 +29,6 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m trainer --preset tiny --workdir runs/demo
+
+render: $(STAMP)
+	$(PY) -m workloads render --stack $(STACK) --out rendered/$(STACK)

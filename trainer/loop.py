@@ -123,6 +123,7 @@ def train(config: TrainConfig) -> dict:
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
         finally:
+            loop.preemption.close()
             checkpointer.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
@@ -220,8 +221,11 @@ class _PreemptionNotice:
     def __init__(self, distributed: bool):
         self._distributed = distributed
         self._signalled = False
-        if not distributed:
-            signal.signal(signal.SIGTERM, self._on_signal)
+        self._previous_handler = None if distributed else signal.signal(signal.SIGTERM, self._on_signal)
+
+    def close(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
 
     def _on_signal(self, signum, frame):
         self._signalled = True
@@ -262,7 +266,8 @@ class _StepLoop:
             self._profile(step_number - start_step, before=False, metrics=metrics)
             throughput.add(metrics)
             last = step_number == self.total_steps
-            due_log = step_number % config.log_interval == 0 or last
+            # The first step of every run is reported too, so a resumed run shows where it started.
+            due_log = step_number % config.log_interval == 0 or last or step_number == start_step + 1
             due_eval = config.eval_fraction > 0 and (step_number % config.eval_interval == 0 or last)
             due_checkpoint = step_number % config.checkpoint_interval == 0 or last
             preempted = self.preemption.reached(step_number)

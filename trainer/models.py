@@ -120,7 +120,7 @@ def load_weights(path: str, *, flag: str, out_shardings: Callable) -> Params:
     """A `gm.ckpts.load_params` checkpoint as float32 masters, sharded by `out_shardings(tree)`."""
     try:
         params = gm.ckpts.load_params(path, text_only=True, sharding=out_shardings)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):  # gemma raises ValueError for a directory without checkpoint metadata
         raise UserError(f"{flag} {path}: no checkpoint there (expected a directory written by gm.ckpts.save_params)") from None
     return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree), donate_argnums=0)(params)
 

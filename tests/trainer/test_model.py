@@ -1,0 +1,126 @@
+"""The model and the loss: packing, padding, vocabulary chunks, LoRA, weights and vocabulary checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trainer import data, loss, models
+from trainer.errors import UserError
+
+SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenized_data):
+    config = models.model_config("tiny", vocab_size=tokenized_data.vocab_size)
+    model = models.build_model(config, dtype=jnp.float32)
+    params = models.init_params(config, seed=0)
+    return model, params
+
+
+@pytest.fixture(scope="module")
+def packed_batch(tokenized_data):
+    """A real batch whose first row packs several documents."""
+    iterator = data.batches(tokenized_data, seq_len=SEQ_LEN, global_batch_size=4, seed=0, prefetch=False)
+    for batch in iterator:
+        rows = [row for row in range(4) if len(np.unique(batch["segment_ids"][row])) >= 3]  # padding + 2 documents
+        if rows:
+            return {key: np.asarray(value)[[rows[0], *range(rows[0])]] for key, value in batch.items()}
+    pytest.fail("no packed row in the fixture data")
+
+
+def _token_losses(model, params, batch, vocab_chunk=None):
+    hidden = loss.hidden_states(model, params, batch)
+    return loss.token_losses(hidden, params["embedder"]["input_embedding"], batch["target_tokens"], vocab_chunk=vocab_chunk)
+
+
+def _row_of_segment(batch, row, segment):
+    """One document of a packed row, alone at the start of an unpacked row of the same length."""
+    where = batch["segment_ids"][row] == segment
+    alone = {key: np.zeros((1, SEQ_LEN), value.dtype) for key, value in batch.items()}
+    for key, value in batch.items():
+        alone[key][0, : where.sum()] = value[row][where]
+    alone["segment_ids"][0, : where.sum()] = 1
+    return alone, where
+
+
+def test_packed_row_gives_each_document_the_loss_it_has_alone(tiny, packed_batch):
+    model, params = tiny
+    packed = np.asarray(_token_losses(model, params, packed_batch))
+    segments = [s for s in np.unique(packed_batch["segment_ids"][0]) if s > 0]
+    for segment in segments:
+        alone, where = _row_of_segment(packed_batch, 0, segment)
+        alone_losses = np.asarray(_token_losses(model, params, alone))[0, : where.sum()]
+        mask = packed_batch["loss_mask"][0][where] > 0
+        np.testing.assert_allclose(packed[0][where][mask], alone_losses[mask], rtol=2e-5, atol=2e-5)
+
+
+def test_extra_padding_does_not_change_the_loss(tiny, packed_batch):
+    model, params = tiny
+    padded = {key: np.pad(value, ((0, 1), (0, SEQ_LEN))) for key, value in packed_batch.items()}  # a padding row, padded columns
+    sums = loss.loss_sums(model, params, packed_batch, softcap=None, vocab_chunk=None)
+    padded_sums = loss.loss_sums(model, params, padded, softcap=None, vocab_chunk=None)
+    assert float(padded_sums[1]) == float(sums[1]) == packed_batch["loss_mask"].sum()
+    np.testing.assert_allclose(float(padded_sums[0] / padded_sums[1]), float(sums[0] / sums[1]), rtol=1e-6)
+
+
+def test_vocabulary_chunked_loss_and_gradient_equal_the_plain_ones(tiny, packed_batch):
+    model, params = tiny
+    vocab_size = params["embedder"]["input_embedding"].shape[0]
+    chunk = 96  # does not divide the vocabulary: the last chunk is padded
+    assert vocab_size % chunk
+
+    def mean_loss(params, vocab_chunk):
+        total, count = loss.loss_sums(model, params, packed_batch, softcap=30.0, vocab_chunk=vocab_chunk)
+        return total / count
+
+    plain, plain_grad = jax.value_and_grad(mean_loss)(params, None)
+    chunked, chunked_grad = jax.value_and_grad(mean_loss)(params, chunk)
+    np.testing.assert_allclose(float(chunked), float(plain), rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(chunked_grad), jax.tree.leaves(plain_grad)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3, atol=1e-6)
+
+
+def test_large_logits_are_chunked_and_small_ones_are_not():
+    assert loss.choose_vocab_chunk(32 * 256, 262_144) == loss.VOCAB_CHUNK  # Gemma 3 at 32 rows of 256 per device
+    assert loss.choose_vocab_chunk(16 * 128, 512) is None  # the tiny demo
+
+
+def test_merged_lora_export_computes_what_the_adapted_model_computes(tokenized_data, packed_batch):
+    config = models.model_config("tiny", vocab_size=tokenized_data.vocab_size)
+    lora_model = models.build_model(config, dtype=jnp.float32, lora_rank=4)
+    initial = models.init_params(config, seed=0, lora_rank=4)
+    # B starts at zero (the adapter is a no-op); make it matter.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, p: p + 0.05 if jax.tree_util.keystr(path).endswith("['b']") else p, initial
+    )
+    merged = models.merge_lora_into_base(params)
+    plain_shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    assert jax.tree.structure(merged) == jax.tree.structure(plain_shapes)  # a plain Gemma tree
+    plain_model = models.build_model(config, dtype=jnp.float32)
+    adapted = np.asarray(loss.hidden_states(lora_model, params, packed_batch))
+    np.testing.assert_allclose(np.asarray(loss.hidden_states(plain_model, merged, packed_batch)), adapted, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(np.asarray(loss.hidden_states(lora_model, initial, packed_batch)), adapted, atol=1e-3)
+
+
+def test_tiny_model_takes_the_tokenizer_vocabulary_and_gemma_keeps_its_own():
+    assert models.model_config("tiny", vocab_size=700).num_embed == 700
+    gemma = models.model_config("gemma3-4b", vocab_size=700)
+    assert gemma.num_embed == 262_144 and gemma.vision_encoder is None
+
+
+def test_tokenizer_larger_than_the_model_vocabulary_is_a_user_error():
+    config = models.model_config("tiny", vocab_size=512)
+    with pytest.raises(UserError, match="--tokenizer big.model: its vocabulary \\(1000 pieces\\) does not fit --model tiny"):
+        models.check_vocabulary("tiny", config, tokenizer_path="big.model", vocab_size=1000)
+
+
+@pytest.mark.parametrize("name, path", [("gemma3-270m", "gs://gemma-data/checkpoints/gemma3-270m-pt"), ("gemma3-27b", "gs://gemma-data/checkpoints/gemma3-27b-pt")])
+def test_official_weights_are_the_gemma_packages_pretrained_checkpoints(name, path):
+    assert models.official_checkpoint(name) == path
+
+
+def test_weights_path_without_a_checkpoint_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match=f"--weights {tmp_path}/missing: no checkpoint there"):
+        models.load_weights(str(tmp_path / "missing"), flag="--weights", out_shardings=None)

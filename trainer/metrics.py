@@ -9,6 +9,7 @@ prints one plain line per report. Only the main process writes anything.
 import json
 import math
 import pathlib
+import shutil
 import sys
 import time
 
@@ -26,6 +27,14 @@ _SCREEN_FORMATS = {
     "step_time_s": "{:.3f}",
 }
 _SCREEN_COUNTS = ("tokens_per_sec", "tokens_per_sec_per_device")
+# Short screen names, so a report fits a terminal line; metrics.jsonl keeps the full keys.
+_SCREEN_LABELS = {
+    "learning_rate": "lr",
+    "tokens_per_sec": "tok/s",
+    "tokens_per_sec_per_device": "tok/s/dev",
+    "step_time_s": "s/step",
+    "eval_perplexity": "eval_ppl",
+}
 _BAR_WIDTH = 20
 
 
@@ -170,7 +179,9 @@ class MetricsReporter:
         return _duration(seconds_per_step * max(self._total_steps - step, 0))
 
     def _show(self, step: int, record: dict) -> None:
-        fields = " ".join(f"{key} {_screen_value(key, value)}" for key, value in record.items() if key != "step")
+        fields = " ".join(
+            f"{_SCREEN_LABELS.get(key, key)} {_screen_value(key, value)}" for key, value in record.items() if key != "step"
+        )
         progress = f"step {step}/{self._total_steps}"
         eta = f"ETA {self._eta(step)}"
         if not self._is_terminal:
@@ -179,8 +190,11 @@ class MetricsReporter:
         done = min(max(step / self._total_steps, 0.0), 1.0) if self._total_steps else 1.0
         filled = round(done * _BAR_WIDTH)
         bar = "#" * filled + "-" * (_BAR_WIDTH - filled)
+        # A line wider than the terminal would wrap, and \r could no longer redraw it: cut it to
+        # the width, the ETA first so that it is never the part cut off.
+        line = f"[{bar}] {done:4.0%} {progress} {eta} | {fields}"[: shutil.get_terminal_size().columns - 1]
         # \r returns to the line start, \x1b[K clears what a longer previous line left behind.
-        self._stream.write(f"\r[{bar}] {done:4.0%} {progress} {fields} {eta}\x1b[K")
+        self._stream.write(f"\r{line}\x1b[K")
         self._stream.flush()
         self._bar_drawn = True
 

@@ -81,10 +81,11 @@ def test_not_a_terminal_prints_one_plain_line_per_report(tmp_path):
     lines = output.splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("step 10/20 ")
-    assert "loss 2.5000" in lines[0] and "mfu n/a" in lines[0] and "tokens_per_sec 12.3k" in lines[0]
+    assert "loss 2.5000" in lines[0] and "mfu n/a" in lines[0] and "tok/s 12.3k" in lines[0] and "lr 2.00e-05" in lines[0]
 
 
-def test_a_terminal_gets_one_redrawn_progress_bar_with_an_eta(tmp_path):
+def test_a_terminal_gets_one_redrawn_progress_bar_with_an_eta(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     stream, clock = Terminal(), FakeClock()
     with MetricsReporter(tmp_path, total_steps=100, tensorboard_dir=None, stream=stream, clock=clock) as reporter:
         reporter.report(10, TRAIN_METRICS)
@@ -95,6 +96,17 @@ def test_a_terminal_gets_one_redrawn_progress_bar_with_an_eta(tmp_path):
     last = output.split("\r")[-1]
     assert "50%" in last and "step 50/100" in last and "mfu 12.3%" in last
     assert "ETA 0:01:40" in last
+
+
+def test_the_progress_line_fits_a_narrow_terminal_and_keeps_the_eta(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "72")
+    stream = Terminal()
+    with MetricsReporter(tmp_path, total_steps=100, tensorboard_dir=None, stream=stream) as reporter:
+        reporter.report(10, TRAIN_METRICS)
+        reporter.report(20, TRAIN_METRICS)
+    for line in stream.getvalue().split("\r")[1:]:
+        visible = line.removesuffix("\n").removesuffix("\x1b[K")
+        assert len(visible) < 72 and "ETA " in visible
 
 
 def test_text_starts_below_the_progress_bar(tmp_path):

@@ -42,7 +42,10 @@ _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 # Service account IDs are at most 30 characters: f"gemma-{stack}-nodes" leaves 18 for the stack name.
-_SERVICE_ACCOUNT_SUFFIXES = ("-nodes", "-train")
+# Data preparation, the one writer of the data bucket, has its own Google and Kubernetes accounts,
+# named with this suffix.
+PREPARATION_SUFFIX = "-prep"
+_SERVICE_ACCOUNT_SUFFIXES = ("-nodes", "-train", PREPARATION_SUFFIX)
 STACK_NAME_MAX = 30 - len("gemma-") - max(len(suffix) for suffix in _SERVICE_ACCOUNT_SUFFIXES)
 
 
@@ -101,6 +104,15 @@ class StackConfig:
     @property
     def training_service_account_id(self) -> str:
         return f"{self.cluster_name}{_SERVICE_ACCOUNT_SUFFIXES[1]}"
+
+    @property
+    def preparation_service_account_id(self) -> str:
+        return f"{self.cluster_name}{PREPARATION_SUFFIX}"
+
+    @property
+    def preparation_service_account(self) -> str:
+        """The Kubernetes ServiceAccount the data preparation pods run as."""
+        return f"{self.service_account}{PREPARATION_SUFFIX}"
 
     @property
     def workload_identity_pool(self) -> str:
@@ -246,7 +258,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     if any(c.isspace() for c in image):
         raise ConfigError(f"{PROJECT}:image {image!r} is not an image URI; leave it empty to build trainer/")
     _check_dns_label(f"{PROJECT}:namespace", namespace, 63)
-    _check_dns_label(f"{PROJECT}:serviceAccount", service_account, 63)
+    _check_dns_label(f"{PROJECT}:serviceAccount", service_account, 63 - len(PREPARATION_SUFFIX))
     total_hosts = slice_spec.hosts * tpu_config.slices
     if training.batch_size % total_hosts:
         raise ConfigError(

@@ -18,10 +18,12 @@ Streams flow from one epoch into the next (an open row may mix the end of one ep
 of the next), so `epochs=None` never pads; a finite pass pads only at its very end.
 """
 
+import atexit
 import dataclasses
 import hashlib
 import json
 import pathlib
+import weakref
 
 import grain
 import numpy as np
@@ -224,14 +226,13 @@ class _BatchIterator(grain.DatasetIterator):
         self._step = 0
         self._total_rows: int | None = None  # planned lazily, when a finite pass nears its end
 
-    def _row(self, windows: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+    def _row(self, windows: list[tuple[int, int]], tokens_of: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
         seq_len = self._plan.seq_len
         row = {key: np.zeros(seq_len, np.int32) for key in ("input_tokens", "target_tokens", "segment_ids", "positions")}
         row["loss_mask"] = np.zeros(seq_len, np.float32)
         offset = 0
         for segment, (document, window) in enumerate(windows, start=1):
-            stored = np.frombuffer(self._source[document], dtype=prepare_lib.TOKEN_DTYPE)
-            tokens = np.concatenate([[self._bos_id], stored])
+            tokens = tokens_of[document]
             start, size = window * seq_len, self._plan.window_pairs(document, window)
             span = slice(offset, offset + size)
             row["input_tokens"][span] = tokens[start:start + size]
@@ -250,19 +251,54 @@ class _BatchIterator(grain.DatasetIterator):
             if self._step >= self._total_rows:
                 raise StopIteration
         self._step += 1
-        built = [self._row(row or []) for row in rows]
+        # One read for the whole batch: the reader's per-call cost is ~1 ms, its per-record cost ~0.1 ms.
+        documents = sorted({document for row in rows for document, _ in row or []})
+        tokens_of = {document: np.concatenate([[self._bos_id], np.frombuffer(record, prepare_lib.TOKEN_DTYPE)])
+                     for document, record in zip(documents, self._source.__getitems__(documents) if documents else [])}
+        built = [self._row(row or [], tokens_of) for row in rows]
         return {key: np.stack([row[key] for row in built]) for key in built[0]}
 
     def get_state(self) -> dict:
-        return {"step": self._step, "streams": [packer.get_state() for packer in self._packers]}
+        # The streams' open rows as one JSON string: the prefetcher deep-copies the state after every
+        # batch, which costs nothing for a string and ~30 ms for 128 streams' nested lists.
+        return {"step": self._step, "streams": json.dumps([packer.get_state() for packer in self._packers])}
 
     def set_state(self, state: dict) -> None:
-        if len(state["streams"]) != len(self._packers):
-            raise UserError(f"data iterator state holds {len(state['streams'])} streams, this process reads "
+        streams = json.loads(state["streams"])
+        if len(streams) != len(self._packers):
+            raise UserError(f"data iterator state holds {len(streams)} streams, this process reads "
                             f"{len(self._packers)}; resume with the batch size and process count of the checkpoint")
         self._step = state["step"]
-        for packer, packer_state in zip(self._packers, state["streams"]):
+        for packer, packer_state in zip(self._packers, streams):
             packer.set_state(packer_state)
+
+
+_PREFETCHING = weakref.WeakSet()
+atexit.register(lambda: [iterator.close() for iterator in list(_PREFETCHING)])
+
+
+class _StoppedAtExit(grain.DatasetIterator):
+    """The prefetching iterator, stopped before interpreter shutdown: a prefetch thread still reading
+    records at shutdown aborts the process (exit 134 instead of the trainer's own exit code)."""
+
+    def __init__(self, parent: grain.DatasetIterator):
+        super().__init__(parent)
+        _PREFETCHING.add(self)
+
+    def __next__(self):
+        return next(self._parent)
+
+    def get_state(self) -> dict:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state)
+
+    def close(self) -> None:
+        # Drops the parent once closed, so that nothing is left to close during shutdown.
+        if self._parents:
+            parent, self._parents = self._parent, ()
+            parent.close()
 
 
 class _BatchDataset(grain.IterDataset):
@@ -301,9 +337,10 @@ def batches(data: TokenizedData, *, seq_len: int, global_batch_size: int, seed: 
     streams = range(process_index * rows, (process_index + 1) * rows)
     bos_id = data.meta["tokenizer"]["bos_id"]
     dataset = _BatchDataset(lambda: _BatchIterator(data, plan, bos_id, streams))
-    if prefetch:
-        dataset = grain.experimental.ThreadPrefetchIterDataset(dataset, prefetch_buffer_size=PREFETCH_BATCHES)
-    return iter(dataset)
+    if not prefetch:
+        return iter(dataset)
+    return _StoppedAtExit(iter(grain.experimental.ThreadPrefetchIterDataset(dataset,
+                                                                            prefetch_buffer_size=PREFETCH_BATCHES)))
 
 
 def steps_per_epoch(data: TokenizedData, *, seq_len: int, global_batch_size: int, eval_fraction: float = 0.0,

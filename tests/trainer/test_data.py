@@ -2,6 +2,9 @@
 that add up to the global batch, and an iterator state that resumes at exactly the next batch."""
 
 import collections
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -161,3 +164,20 @@ def test_bad_loader_settings_are_clear_errors(tmp_path, tokenized_data, tokenize
         batches(tokenized_data, seq_len=SEQ_LEN, global_batch_size=4, seed=0, eval_fraction=1e-6)
     with pytest.raises(UserError, match="missing: not found"):
         open_data(str(tmp_path / "missing"), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path))
+
+
+def test_exit_code_survives_a_busy_prefetch_thread(tokenized_data, tokenizer_path):
+    """The trainer's exit code (75 = retry me) must reach the workload even when the process exits
+    while the prefetch thread is reading, and shutdown must print nothing."""
+    script = (
+        "import sys\n"
+        "from trainer.data import open_data, batches\n"
+        f"data = open_data({tokenized_data.path!r}, tokenizer_path={str(tokenizer_path)!r}, cache_dir='unused')\n"
+        "iterator = batches(data, seq_len=64, global_batch_size=128, seed=0)\n"
+        "next(iterator)\n"
+        "sys.exit(75)\n"
+    )
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              cwd=pathlib.Path(__file__).parents[2])
+    assert finished.returncode == 75, finished.stderr
+    assert "Exception" not in finished.stderr and "terminate" not in finished.stderr

@@ -103,7 +103,7 @@ def test_each_epoch_is_reshuffled(tokenized_data):
 
 
 def test_unbounded_epochs_keep_going(tokenized_data):
-    steps = steps_per_epoch(tokenized_data, seq_len=SEQ_LEN, global_batch_size=2, seed=0)
+    steps = steps_per_epoch(tokenized_data, seq_len=SEQ_LEN, global_batch_size=2)
     forever = batches(tokenized_data, seq_len=SEQ_LEN, global_batch_size=2, seed=0)
     assert all(batch["loss_mask"].any() for batch in _take(forever, 3 * steps))
 
@@ -113,16 +113,25 @@ def test_process_shares_add_up_to_the_global_batch_row_for_row(tokenized_data):
     whole = list(batches(tokenized_data, **common))
     shares = [list(batches(tokenized_data, **common, process_index=p, process_count=2)) for p in range(2)]
     assert len(shares[0]) == len(shares[1]) == len(whole) == steps_per_epoch(tokenized_data, seq_len=SEQ_LEN,
-                                                                             global_batch_size=4, seed=5)
+                                                                             global_batch_size=4)
     for step, batch in enumerate(whole):
         for key in batch:
             assert shares[0][step][key].shape[0] == 2
             np.testing.assert_array_equal(np.concatenate([shares[0][step][key], shares[1][step][key]]), batch[key])
 
 
+@pytest.mark.parametrize("seed, epochs", [(0, 1), (3, 2)])
+def test_a_finite_pass_has_the_planned_number_of_batches_for_any_seed(tokenized_data, seed, epochs):
+    steps = steps_per_epoch(tokenized_data, seq_len=SEQ_LEN, global_batch_size=4, eval_fraction=0.1)
+    passed = list(batches(tokenized_data, seq_len=SEQ_LEN, global_batch_size=4, seed=seed, eval_fraction=0.1,
+                          epochs=epochs))
+    assert len(passed) == epochs * steps
+
+
 def test_restored_state_continues_with_exactly_the_next_batch(tmp_path, tokenized_data):
-    common = dict(seq_len=SEQ_LEN, global_batch_size=2, seed=0)
+    common = dict(seq_len=SEQ_LEN, global_batch_size=2)
     steps = steps_per_epoch(tokenized_data, **common)
+    common["seed"] = 0
     iterator = batches(tokenized_data, **common)
     _take(iterator, steps - 3)  # the saved position is close to an epoch boundary
     state = iterator.get_state()

@@ -94,7 +94,7 @@ def make_step_functions(
         }
         metrics = {
             "loss": mean,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "tokens": jnp.sum(batch["segment_ids"] > 0),  # non-padding
         }
         return new_state, metrics

@@ -1,7 +1,12 @@
-"""Who the training pods are: a Google service account with bucket-level roles only, the
-Kubernetes namespace and ServiceAccount bound to it through Workload Identity."""
+"""Who the pods are: one Google service account per job kind with bucket-level roles only, each
+acting through its own Kubernetes ServiceAccount in the namespace (Workload Identity).
+
+Training reads the data bucket and writes the artifacts bucket; data preparation, the only writer
+of the data bucket, writes there and nowhere else.
+"""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
@@ -12,61 +17,95 @@ from infra.component import Component, service_account_member
 from infra.config import StackConfig
 from infra.storage import Buckets
 
-DATA_ROLE = "roles/storage.objectViewer"  # read the corpus
-ARTIFACTS_ROLE = "roles/storage.objectUser"  # read, write and delete checkpoints, logs, profiles
+READ_ROLE = "roles/storage.objectViewer"
+WRITE_ROLE = "roles/storage.objectUser"  # read, write and delete objects
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 
 
+@dataclass(frozen=True, kw_only=True)
+class PodIdentity:
+    """A Google service account, the Kubernetes ServiceAccount that acts as it, and every binding
+    (bucket roles, Workload Identity) that pods running as it wait for."""
+
+    google_service_account: gcp.serviceaccount.Account
+    service_account: k8s.core.v1.ServiceAccount
+    bindings: list[pulumi.Resource]
+
+
 class TrainingIdentity(Component):
-    """`google_service_account`, `namespace` and `service_account` (Kubernetes), `bindings`."""
+    """`namespace`, `training` and `preparation` (PodIdentity each)."""
 
     def __init__(self, name: str, config: StackConfig, cluster: GkeCluster, buckets: Buckets, *, after: Sequence[pulumi.Resource] = (), opts=None):
         super().__init__("TrainingIdentity", name, after=after, opts=opts)
-        self.google_service_account = gcp.serviceaccount.Account(
-            "training",
-            gcp.serviceaccount.AccountArgs(
-                account_id=config.training_service_account_id,
-                display_name=f"Training pods of {config.cluster_name}",
-            ),
-            opts=self.child(),
-        )
-        member = service_account_member(self.google_service_account)
-        self.bindings = [
-            gcp.storage.BucketIAMMember(
-                f"training-{label}",
-                gcp.storage.BucketIAMMemberArgs(bucket=bucket.name, role=role, member=member),
-                opts=self.child(),
-            )
-            for label, bucket, role in (("reads-data", buckets.data, DATA_ROLE), ("writes-artifacts", buckets.artifacts, ARTIFACTS_ROLE))
-        ]
-        kubernetes = self.child(*cluster.ready, provider=cluster.provider)
+        self._config = config
+        self._cluster = cluster
         self.namespace = k8s.core.v1.Namespace(
             "training-namespace",
             k8s.core.v1.NamespaceInitArgs(metadata=k8s.meta.v1.ObjectMetaArgs(name=config.namespace)),
-            opts=kubernetes,
+            opts=self._on_cluster(),
         )
-        self.service_account = k8s.core.v1.ServiceAccount(
-            "training-service-account",
+        self.training = self._pod_identity(
+            "training",
+            account_id=config.training_service_account_id,
+            description="Training pods",
+            service_account=config.service_account,
+            grants=(("reads-data", buckets.data, READ_ROLE), ("writes-artifacts", buckets.artifacts, WRITE_ROLE)),
+        )
+        self.preparation = self._pod_identity(
+            "preparation",
+            account_id=config.preparation_service_account_id,
+            description="Data preparation pods",
+            service_account=config.preparation_service_account,
+            grants=(("writes-data", buckets.data, WRITE_ROLE),),
+        )
+        self.register_outputs(
+            {"training": self.training.google_service_account.email, "preparation": self.preparation.google_service_account.email}
+        )
+
+    def _on_cluster(self) -> pulumi.ResourceOptions:
+        return self.child(*self._cluster.ready, provider=self._cluster.provider)
+
+    def _pod_identity(
+        self, label: str, *, account_id: str, description: str, service_account: str,
+        grants: Sequence[tuple[str, gcp.storage.Bucket, str]],
+    ) -> PodIdentity:  # fmt: skip
+        config = self._config
+        account = gcp.serviceaccount.Account(
+            label,
+            gcp.serviceaccount.AccountArgs(account_id=account_id, display_name=f"{description} of {config.cluster_name}"),
+            opts=self.child(),
+        )
+        member = service_account_member(account)
+        bindings: list[pulumi.Resource] = [
+            gcp.storage.BucketIAMMember(
+                f"{label}-{grant}",
+                gcp.storage.BucketIAMMemberArgs(bucket=bucket.name, role=role, member=member),
+                opts=self.child(),
+            )
+            for grant, bucket, role in grants
+        ]
+        kubernetes_account = k8s.core.v1.ServiceAccount(
+            f"{label}-service-account",
             k8s.core.v1.ServiceAccountInitArgs(
                 metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=config.service_account,
+                    name=service_account,
                     namespace=self.namespace.metadata.name,
-                    annotations={WORKLOAD_IDENTITY_ANNOTATION: self.google_service_account.email},
+                    annotations={WORKLOAD_IDENTITY_ANNOTATION: account.email},
                 ),
             ),
-            opts=kubernetes,
+            opts=self._on_cluster(),
         )
         # The identity pool exists once the cluster does; only this one ServiceAccount may act as
         # the Google account.
-        self.bindings.append(
+        bindings.append(
             gcp.serviceaccount.IAMMember(
-                "training-workload-identity",
+                f"{label}-workload-identity",
                 gcp.serviceaccount.IAMMemberArgs(
-                    service_account_id=self.google_service_account.name,
+                    service_account_id=account.name,
                     role="roles/iam.workloadIdentityUser",
-                    member=f"serviceAccount:{config.workload_identity_pool}[{config.namespace}/{config.service_account}]",
+                    member=f"serviceAccount:{config.workload_identity_pool}[{config.namespace}/{service_account}]",
                 ),
-                opts=self.child(cluster.cluster),
+                opts=self.child(self._cluster.cluster),
             )
         )
-        self.register_outputs({"email": self.google_service_account.email})
+        return PodIdentity(google_service_account=account, service_account=kubernetes_account, bindings=bindings)

@@ -1,9 +1,10 @@
 """`python -m infra.preview --stack NAME [--json]`: what `pulumi up` would register, offline.
 
 Runs the project's `__main__.py` under Pulumi's mock runtime with the config of
-`Pulumi.NAME.yaml` and prints every resource: type, name, parent and its inputs as the provider
-would receive them (camelCase). No credentials, no network, no Pulumi CLI. Values only the cloud
-knows (a cluster's endpoint, an account's email) are filled in with recognisable placeholders.
+`Pulumi.NAME.yaml` and prints every resource: type, name, parent, its inputs as the provider
+would receive them (camelCase) and what it waits for. No credentials, no network, no Pulumi CLI.
+Values only the cloud knows (a cluster's endpoint, an account's email, an image's digest) are
+filled in with recognisable placeholders.
 An invalid config exits with code 2 and its one-line message.
 """
 
@@ -26,6 +27,7 @@ PROGRAM = PROJECT_ROOT / "__main__.py"
 PLACEHOLDER_PROJECT = "my-project"  # the shipped stack files leave gcp:project to the user
 PLACEHOLDER_ENDPOINT = "203.0.113.10"  # TEST-NET-3, never a real cluster
 PLACEHOLDER_CA = "PLACEHOLDER-CLUSTER-CA"
+PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # of an image build, known only after the push
 COMPUTED = "<computed>"  # a value only the provider knows after creating the resource
 USER_ERROR = 2
 
@@ -40,8 +42,8 @@ class Resource:
     depends_on: tuple[str, ...] = ()  # names of what it waits for, explicit and through its inputs
 
     def as_dict(self) -> dict[str, Any]:
-        """The --json form: the keys the issue promises (provider and dependencies show in text)."""
-        return {"type": self.type, "name": self.name, "parent": self.parent, "inputs": self.inputs}
+        """The --json form: the keys the issues promise (the provider shows in text)."""
+        return {"type": self.type, "name": self.name, "parent": self.parent, "inputs": self.inputs, "dependsOn": list(self.depends_on)}
 
 
 class _CloudPlaceholders(pulumi.runtime.Mocks):
@@ -59,6 +61,9 @@ class _CloudPlaceholders(pulumi.runtime.Mocks):
             state.update(endpoint=PLACEHOLDER_ENDPOINT, masterAuth={"clusterCaCertificate": PLACEHOLDER_CA})
         elif args.typ == "gcp:storage/bucket:Bucket":
             state.update(url=f"gs://{args.inputs['name']}")
+        elif args.typ == "docker-build:index:Image":
+            # The pushed reference pods run, so that the training objects show in full.
+            state.update(ref=f"{args.inputs['tags'][0]}@{PLACEHOLDER_DIGEST}")
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -185,7 +190,7 @@ def _print_text(result: StackPreview) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.preview", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of {type, name, parent, inputs}")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of {type, name, parent, inputs, dependsOn}")
     args = parser.parse_args(argv)
     try:
         values, stack = read_stack_values(args.stack)

@@ -11,11 +11,13 @@ from infra.apis import ProjectApis
 from infra.cluster import GkeCluster
 from infra.config import StackConfig
 from infra.identity import TrainingIdentity
+from infra.image import TrainerImage
 from infra.jobset import JOBSET_VERSION, JobSetController
 from infra.pricing import tpu_cost_per_hour
 from infra.registry import Registry
 from infra.storage import Buckets
 from infra.tpu_pools import TpuPools
+from workloads.deploy import TrainingRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +45,12 @@ class Platform:
     @property
     def service_account(self) -> k8s.core.v1.ServiceAccount:
         """The Kubernetes ServiceAccount training pods run as (Workload Identity bound)."""
-        return self.identity.service_account
+        return self.identity.training.service_account
+
+    @property
+    def preparation_service_account(self) -> k8s.core.v1.ServiceAccount:
+        """The Kubernetes ServiceAccount the data preparation pods run as (Workload Identity bound)."""
+        return self.identity.preparation.service_account
 
     @property
     def registry_url(self) -> pulumi.Output[str]:
@@ -55,9 +62,9 @@ class Platform:
         return self.jobset.install
 
     @property
-    def tpu_ready(self) -> list[pulumi.Resource]:
-        """What a training run waits for: the TPU pools and the training identity's bindings."""
-        return [*self.tpu_pools.pools, *self.identity.bindings]
+    def identity_bindings(self) -> list[pulumi.Resource]:
+        """What pods wait for: their Google accounts' bucket roles and Workload Identity bindings."""
+        return [*self.identity.training.bindings, *self.identity.preparation.bindings]
 
 
 def build(config: StackConfig) -> Platform:
@@ -84,7 +91,26 @@ def build(config: StackConfig) -> Platform:
     )
 
 
-def export_outputs(platform: Platform) -> None:
+def deploy_run(platform: Platform) -> TrainingRun:
+    """The trainer image (built into the stack's registry unless `gemma-tpu:image` names one) and
+    the training run on it: data preparation, then training once the TPU pools exist."""
+    config = platform.config
+    image = TrainerImage("trainer-image", config=config, repository_url=platform.registry_url)
+    return TrainingRun(
+        "training",
+        config=config,
+        image=image.ref,
+        provider=platform.kubernetes_provider,
+        namespace=platform.namespace,
+        service_account=platform.service_account,
+        preparation_service_account=platform.preparation_service_account,
+        jobset_install=platform.jobset_install,
+        after=platform.identity_bindings,
+        training_after=platform.tpu_pools.pools,
+    )
+
+
+def export_outputs(platform: Platform, run: TrainingRun) -> None:
     """The stack outputs a user reads with `pulumi stack output`."""
     config = platform.config
     cluster = platform.cluster.cluster
@@ -102,7 +128,8 @@ def export_outputs(platform: Platform) -> None:
     pulumi.export("registryUrl", platform.registry_url)
     pulumi.export("namespace", platform.namespace.metadata.name)
     pulumi.export("kubernetesServiceAccount", platform.service_account.metadata.name)
-    pulumi.export("trainingServiceAccount", platform.identity.google_service_account.email)
+    pulumi.export("trainingServiceAccount", platform.identity.training.google_service_account.email)
+    pulumi.export("preparationServiceAccount", platform.identity.preparation.google_service_account.email)
     pulumi.export("jobsetVersion", JOBSET_VERSION)
     pulumi.export(
         "tpu",
@@ -118,14 +145,13 @@ def export_outputs(platform: Platform) -> None:
         },
     )
     pulumi.export("tpuCostPerHourUsd", tpu_cost_per_hour(config))
+    pulumi.export("trainingRun", run.run_name)
+    pulumi.export("trainingStatus", run.status_command)
+    pulumi.export("trainingLogs", run.logs_command)
+    pulumi.export("tensorboardDir", run.tensorboard_dir)
 
 
-def run(config: StackConfig) -> Platform:
-    """The program: the infrastructure, then what runs on it, then the outputs.
-
-    The trainer image (infra.image) and the training run (workloads.deploy) join the stack here,
-    between `build` and `export_outputs`, from the returned `Platform`.
-    """
+def run(config: StackConfig) -> None:
+    """The program: the infrastructure, then what runs on it, then the outputs."""
     platform = build(config)
-    export_outputs(platform)
-    return platform
+    export_outputs(platform, deploy_run(platform))

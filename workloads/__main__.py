@@ -1,9 +1,10 @@
 """`python -m workloads render --stack NAME [--out DIR]`: the run's Kubernetes objects as YAML, offline.
 
 Prints (or writes into DIR, one file per object, numbered in apply order) the namespace, the
-ServiceAccount, the data preparation Job and the training Job or JobSet that `pulumi up` applies
-for the stack. The image digest exists only after the build: without a configured `gemma-tpu:image`
-the image is the placeholder `${TRAINER_IMAGE}` (fill it with `envsubst` before `kubectl apply`).
+ServiceAccounts of training and of data preparation, the data preparation Job and the training Job
+or JobSet that `pulumi up` applies for the stack. The image digest exists only after the build:
+without a configured `gemma-tpu:image` the image is the placeholder `${TRAINER_IMAGE}` (fill it
+with `envsubst` before `kubectl apply`).
 Without `gcp:project` in the stack file, the project (and the bucket and account names derived from
 it) is infra.preview's placeholder. An invalid config exits with code 2 and its one-line message.
 """

@@ -14,8 +14,9 @@ from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, run_shape, run_spe
 class TrainingRun(pulumi.ComponentResource):
     """Data preparation, then the training Job or JobSet.
 
-    Both come after `namespace`, `service_account` and `after` (e.g. the IAM bindings that let the
-    ServiceAccount's Google account mount the buckets); training also after `jobset_install`.
+    Both come after `namespace` and `after` (e.g. the IAM bindings that let each ServiceAccount's
+    Google account mount the buckets); data preparation also after `preparation_service_account`,
+    training after `service_account`, `jobset_install` and `training_after` (e.g. the TPU pools).
     `pulumi up` awaits the preparation Job (up to its deadline), so a bad dataset URL fails the
     update, then creates the training object without waiting for it (`pulumi.com/skipAwait`: a run
     takes hours). The image reference is an output of the image build, so the objects are built
@@ -37,8 +38,10 @@ class TrainingRun(pulumi.ComponentResource):
         provider: k8s.Provider,
         namespace: pulumi.Resource,
         service_account: pulumi.Resource,
+        preparation_service_account: pulumi.Resource,
         jobset_install: pulumi.Resource,
         after: Sequence[pulumi.Resource] = (),
+        training_after: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(f"{PROJECT}:workloads:TrainingRun", name, None, opts)
@@ -47,14 +50,14 @@ class TrainingRun(pulumi.ComponentResource):
             "prepare-data",
             self.spec.apply(manifests.preparation_job),
             provider,
-            depends_on=[namespace, service_account, *after],
+            depends_on=[namespace, preparation_service_account, *after],
             custom_timeouts=pulumi.CustomTimeouts(create=f"{PREPARE_DEADLINE_SECONDS}s"),
         )
         self._apply(
             "training",
             self.spec.apply(manifests.training),
             provider,
-            depends_on=[prepare, jobset_install, namespace, service_account, *after],
+            depends_on=[prepare, jobset_install, namespace, service_account, *after, *training_after],
             jobset=run_shape(config) == "jobset",
         )
         self.run_name = self.spec.apply(lambda spec: spec.name)

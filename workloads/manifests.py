@@ -179,17 +179,25 @@ def namespace(spec: RunSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace}}
 
 
-def service_account(spec: RunSpec) -> dict[str, Any]:
-    """The pods' ServiceAccount, acting as the Google training account (created by infra.identity)."""
+def _service_account(spec: RunSpec, name: str, google_service_account: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": {
-            "name": spec.service_account,
+            "name": name,
             "namespace": spec.namespace,
-            "annotations": {WORKLOAD_IDENTITY_ANNOTATION: spec.google_service_account},
+            "annotations": {WORKLOAD_IDENTITY_ANNOTATION: google_service_account},
         },
     }
+
+
+def service_accounts(spec: RunSpec) -> list[dict[str, Any]]:
+    """The pods' ServiceAccounts, training's then data preparation's, each acting as its own
+    Google account (created by infra.identity)."""
+    return [
+        _service_account(spec, spec.service_account, spec.google_service_account),
+        _service_account(spec, spec.prepare_service_account, spec.prepare_google_service_account),
+    ]
 
 
 def training_job(spec: RunSpec) -> dict[str, Any]:
@@ -287,7 +295,7 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
     pod = {
         "metadata": _pod_metadata(_labels("prepare", spec.prepare_name), evictable=True),
         "spec": {
-            "serviceAccountName": spec.service_account,
+            "serviceAccountName": spec.prepare_service_account,
             "restartPolicy": "Never",
             "nodeSelector": dict(spec.cpu_node_selector),
             "securityContext": _pod_security(),
@@ -317,7 +325,7 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
 
 def all_objects(spec: RunSpec) -> list[dict[str, Any]]:
     """Every object of the run in the order they are applied."""
-    return [namespace(spec), service_account(spec), preparation_job(spec), training(spec)]
+    return [namespace(spec), *service_accounts(spec), preparation_job(spec), training(spec)]
 
 
 def logs_command(spec: RunSpec) -> str:

@@ -65,8 +65,10 @@ def run_shape(config: StackConfig) -> Shape:
 class RunSpec:
     name: str  # the Job / JobSet name: runName plus a hash of everything the run depends on
     namespace: str
-    service_account: str  # the Kubernetes ServiceAccount (infra.identity)
+    service_account: str  # the training pods' Kubernetes ServiceAccount (infra.identity)
     google_service_account: str  # the Google account it acts as (Workload Identity)
+    prepare_service_account: str  # the data preparation pods' Kubernetes ServiceAccount
+    prepare_google_service_account: str  # the Google account it acts as: the data bucket's writer
     image: str
     shape: Shape
     slices: int  # JobSet replicas: one Job per slice
@@ -102,6 +104,10 @@ class RunSpec:
         return f"gs://{self.artifacts_bucket}/{self.run_dir}/tensorboard"
 
 
+def _email(config: StackConfig, account_id: str) -> str:
+    return f"{account_id}@{config.project}.iam.gserviceaccount.com"
+
+
 def _short_hash(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:_NAME_HASH_CHARS]
 
@@ -119,7 +125,9 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
         name=name,
         namespace=config.namespace,
         service_account=config.service_account,
-        google_service_account=f"{config.training_service_account_id}@{config.project}.iam.gserviceaccount.com",
+        google_service_account=_email(config, config.training_service_account_id),
+        prepare_service_account=config.preparation_service_account,
+        prepare_google_service_account=_email(config, config.preparation_service_account_id),
         image=image,
         shape=run_shape(config),
         slices=config.tpu.slices,

@@ -11,7 +11,7 @@ from infra.preview import main
 def test_json_lists_every_resource_with_its_inputs(capsys):
     assert main(["--stack", "multislice", "--json"]) == 0
     resources = json.loads(capsys.readouterr().out)
-    assert all(set(r) == {"type", "name", "parent", "inputs"} for r in resources)
+    assert all(set(r) == {"type", "name", "parent", "inputs", "dependsOn"} for r in resources)
     pools = [r for r in resources if r["type"] == "gcp:container/nodePool:NodePool" and r["parent"] == "tpu"]
     assert [(p["inputs"]["nodeConfig"]["machineType"], p["inputs"]["placementPolicy"]) for p in pools] == [
         ("ct6e-standard-4t", {"type": "COMPACT", "tpuTopology": "2x4"})

@@ -18,13 +18,6 @@ SERVICE = "gcp:projects/service:Service"
 CPU_POOL = "cpu"
 
 
-def infra_resources(stack: str):
-    """The resources of this program's components (what the lead adds for workloads is not counted)."""
-    resources = previewed(stack).resources
-    components = {r.name for r in resources if r.type.startswith("gemma-tpu:infra:")}
-    return [r for r in resources if r.parent in components or r.type.startswith(("gemma-tpu:infra:", "pulumi:providers:gcp"))]
-
-
 def tpu_pools(stack: str):
     return [r for r in of_type(previewed(stack).resources, NODE_POOL) if r.parent == "tpu"]
 
@@ -35,6 +28,10 @@ def nodes_email(stack: str) -> str:
 
 def training_email(stack: str) -> str:
     return f"gemma-{stack}-train@{PROJECT_ID}.iam.gserviceaccount.com"
+
+
+def preparation_email(stack: str) -> str:
+    return f"gemma-{stack}-prep@{PROJECT_ID}.iam.gserviceaccount.com"
 
 
 def test_the_shipped_stacks_are_these():
@@ -51,26 +48,32 @@ COMMON = {
     "gemma-tpu:infra:TrainingIdentity": 1,
     "gemma-tpu:infra:Registry": 1,
     "gemma-tpu:infra:JobSetController": 1,
+    "gemma-tpu:infra:TrainerImage": 1,
+    "gemma-tpu:workloads:TrainingRun": 1,
     SERVICE: 7,
-    "gcp:serviceaccount/account:Account": 2,  # nodes, training
+    "gcp:serviceaccount/account:Account": 3,  # nodes, training, data preparation
     "gcp:projects/iAMMember:IAMMember": 4,  # the node account's logging and monitoring roles
     CLUSTER: 1,
     BUCKET: 2,
-    "gcp:storage/bucketIAMMember:BucketIAMMember": 2,
-    "gcp:serviceaccount/iAMMember:IAMMember": 1,  # Workload Identity
+    "gcp:storage/bucketIAMMember:BucketIAMMember": 3,
+    "gcp:serviceaccount/iAMMember:IAMMember": 2,  # Workload Identity of training and data preparation
     "gcp:artifactregistry/repository:Repository": 1,
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
     "kubernetes:core/v1:Namespace": 1,
-    "kubernetes:core/v1:ServiceAccount": 1,
+    "kubernetes:core/v1:ServiceAccount": 2,  # training, data preparation
     "kubernetes:yaml/v2:ConfigFile": 1,  # JobSet
+    "docker-build:index:Image": 1,  # the trainer image
 }
 NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0}  # CPU pool + one per slice
+JOB, JOBSET = "kubernetes:batch/v1:Job", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
+# Data preparation is a Job; training a Job on one host, a JobSet on several.
+RUN_OBJECTS = {"dev": {JOB: 2}, "multihost": {JOB: 1, JOBSET: 1}, "multislice": {JOB: 1, JOBSET: 1}, "autopilot": {JOB: 2}}
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
 def test_resource_counts(stack):
-    expected = {**COMMON, **({NODE_POOL: NODE_POOLS[stack]} if NODE_POOLS[stack] else {})}
-    assert Counter(r.type for r in infra_resources(stack)) == expected
+    expected = {**COMMON, **RUN_OBJECTS[stack], **({NODE_POOL: NODE_POOLS[stack]} if NODE_POOLS[stack] else {})}
+    assert Counter(r.type for r in previewed(stack).resources) == expected
 
 
 # The shapes the issue asks for: pools as (machine type, max nodes, placement).
@@ -153,6 +156,7 @@ def iam_grants(stack: str) -> set[tuple[str, str, str]]:
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
 def test_iam_grants_are_exactly_these(stack):
     nodes, training = f"serviceAccount:{nodes_email(stack)}", f"serviceAccount:{training_email(stack)}"
+    preparation = f"serviceAccount:{preparation_email(stack)}"
     project = f"project {PROJECT_ID}"
     assert iam_grants(stack) == {
         (project, "roles/logging.logWriter", nodes),
@@ -162,10 +166,16 @@ def test_iam_grants_are_exactly_these(stack):
         (f"gemma-{stack}", "roles/artifactregistry.reader", nodes),
         (f"{PROJECT_ID}-{stack}-data", "roles/storage.objectViewer", training),
         (f"{PROJECT_ID}-{stack}-artifacts", "roles/storage.objectUser", training),
+        (f"{PROJECT_ID}-{stack}-data", "roles/storage.objectUser", preparation),
         (
             f"projects/{PROJECT_ID}/serviceAccounts/{training_email(stack)}",
             "roles/iam.workloadIdentityUser",
             f"serviceAccount:{PROJECT_ID}.svc.id.goog[training/trainer]",
+        ),
+        (
+            f"projects/{PROJECT_ID}/serviceAccounts/{preparation_email(stack)}",
+            "roles/iam.workloadIdentityUser",
+            f"serviceAccount:{PROJECT_ID}.svc.id.goog[training/trainer-prep]",
         ),
     }
 
@@ -176,15 +186,20 @@ def test_no_project_wide_storage_or_primitive_role(stack):
         assert role not in ("roles/owner", "roles/editor", "roles/viewer"), (target, role, member)
         if target.startswith("project "):
             assert not role.startswith("roles/storage."), (role, member)
-            assert training_email(stack) not in member, role
+            assert training_email(stack) not in member and preparation_email(stack) not in member, role
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
-def test_kubernetes_service_account_is_bound_to_the_training_account(stack):
+def test_each_kubernetes_service_account_is_bound_to_its_own_google_account(stack):
     resources = previewed(stack).resources
-    metadata = one(resources, "kubernetes:core/v1:ServiceAccount").inputs["metadata"]
-    assert (metadata["name"], metadata["namespace"]) == ("trainer", "training")
-    assert metadata["annotations"] == {"iam.gke.io/gcp-service-account": training_email(stack)}
+    accounts = {
+        (r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]): r.inputs["metadata"]["annotations"]
+        for r in of_type(resources, "kubernetes:core/v1:ServiceAccount")
+    }
+    assert accounts == {
+        ("training", "trainer"): {"iam.gke.io/gcp-service-account": training_email(stack)},
+        ("training", "trainer-prep"): {"iam.gke.io/gcp-service-account": preparation_email(stack)},
+    }
     assert one(resources, "kubernetes:core/v1:Namespace").inputs["metadata"]["name"] == "training"
 
 
@@ -249,6 +264,7 @@ def test_outputs(stack):
     assert outputs["registryUrl"] == f"us-east5-docker.pkg.dev/{PROJECT_ID}/gemma-{stack}"
     assert (outputs["namespace"], outputs["kubernetesServiceAccount"]) == ("training", "trainer")
     assert outputs["trainingServiceAccount"] == training_email(stack)
+    assert outputs["preparationServiceAccount"] == preparation_email(stack)
 
 
 CHIPS = {"dev": 1, "multihost": 8, "multislice": 16, "autopilot": 1}

@@ -21,20 +21,24 @@ JOBSET = "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
 
 
 def _platform_and_run(config, outputs: dict):
-    """The resources TrainingRun is given by the program (a provider, namespace, ServiceAccount,
-    the JobSet install), then the run itself; its outputs are collected into `outputs`."""
+    """The resources TrainingRun is given by the program (a provider, namespace, both
+    ServiceAccounts, the JobSet install, a TPU pool), then the run itself; its outputs are
+    collected into `outputs`."""
 
     def program():
         provider = k8s.Provider("cluster", kubeconfig="{}")
         on_cluster = pulumi.ResourceOptions(provider=provider)
         namespace = k8s.core.v1.Namespace("namespace", metadata={"name": config.namespace}, opts=on_cluster)
-        account = k8s.core.v1.ServiceAccount(
-            "service-account", metadata={"name": config.service_account, "namespace": config.namespace}, opts=on_cluster
+        account, preparation_account = (
+            k8s.core.v1.ServiceAccount(label, metadata={"name": name, "namespace": config.namespace}, opts=on_cluster)
+            for label, name in (("service-account", config.service_account), ("preparation-account", config.preparation_service_account))
         )
         jobset = k8s.yaml.v2.ConfigFile("jobset", file=JOBSET_MANIFESTS, opts=on_cluster)
+        tpu_pool = pulumi.CustomResource("test:index:TpuPool", "tpu-pool")
         run = TrainingRun(
             "run", config=config, image=IMAGE, provider=provider,
-            namespace=namespace, service_account=account, jobset_install=jobset,
+            namespace=namespace, service_account=account, preparation_service_account=preparation_account,
+            jobset_install=jobset, training_after=[tpu_pool],
         )  # fmt: skip
         return pulumi.Output.all(run.logs_command, run.status_command, run.tensorboard_dir).apply(
             lambda values: outputs.update(zip(("logs", "status", "tensorboard"), values))
@@ -54,8 +58,9 @@ def test_run_is_applied_by_the_cluster_provider_after_its_prerequisites(pulumi_m
     for resource in (prepare, training):
         assert resource.provider.startswith(provider.urn)
         assert resource.parent == by_name["run"].urn
-    assert {by_name["namespace"].urn, by_name["service-account"].urn} <= set(prepare.dependencies)
-    assert {prepare.urn, by_name["jobset"].urn} <= set(training.dependencies)
+    assert {by_name["namespace"].urn, by_name["preparation-account"].urn} <= set(prepare.dependencies)
+    assert by_name["tpu-pool"].urn not in prepare.dependencies  # data preparation runs on CPU nodes
+    assert {prepare.urn, by_name["jobset"].urn, by_name["service-account"].urn, by_name["tpu-pool"].urn} <= set(training.dependencies)
     assert prepare.custom_timeouts.create == f"{PREPARE_DEADLINE_SECONDS}s"
 
     spec = spec_of(config)

@@ -17,6 +17,12 @@ def _inputs_by_type(resources, type_):
     return [r.inputs for r in resources if r.type == type_]
 
 
+def _by_name(objects):
+    by_name = {obj["metadata"]["name"]: obj for obj in objects}
+    assert len(by_name) == len(objects)
+    return by_name
+
+
 def _check_consistent(values, stack):
     config = parse_stack_config(values, stack)
     resources = preview(values, stack).resources
@@ -46,9 +52,9 @@ def _check_consistent(values, stack):
     assert (pods_per_slice * chips) == config.slice.chips
 
     (namespace,) = _inputs_by_type(resources, "kubernetes:core/v1:Namespace")
-    (account,) = _inputs_by_type(resources, "kubernetes:core/v1:ServiceAccount")
+    accounts = _inputs_by_type(resources, "kubernetes:core/v1:ServiceAccount")
     assert manifests.namespace(spec) == namespace
-    assert manifests.service_account(spec) == account
+    assert _by_name(manifests.service_accounts(spec)) == _by_name(accounts)
     buckets = {b["name"] for b in _inputs_by_type(resources, "gcp:storage/bucket:Bucket")}
     assert {spec.data_bucket, spec.artifacts_bucket} == buckets
 

@@ -183,6 +183,20 @@ def test_buckets_are_fuse_volumes_data_read_only_and_cached(stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
+def test_data_preparation_writes_the_data_bucket_as_its_own_account(stack):
+    spec = spec_of(stack_config(stack))
+    prepare = manifests.preparation_job(spec)["spec"]["template"]["spec"]
+    train = training_pod(manifests.training(spec))["spec"]
+    assert (prepare["serviceAccountName"], train["serviceAccountName"]) == ("trainer-prep", "trainer")
+    assert {v["name"]: v["csi"]["readOnly"] for v in prepare["volumes"] if v["name"] == "data"} == {"data": False}
+    annotations = {a["metadata"]["name"]: a["metadata"]["annotations"] for a in manifests.service_accounts(spec)}
+    assert annotations == {
+        "trainer": {"iam.gke.io/gcp-service-account": f"gemma-{stack}-train@my-project.iam.gserviceaccount.com"},
+        "trainer-prep": {"iam.gke.io/gcp-service-account": f"gemma-{stack}-prep@my-project.iam.gserviceaccount.com"},
+    }
+
+
+@pytest.mark.parametrize("stack", STACKS)
 def test_the_trainer_gets_the_stack_training_config_and_slice_count(stack):
     config = stack_config(stack)
     pod = training_pod(manifests.training(spec_of(config)))

@@ -15,7 +15,7 @@ def test_render_multislice_writes_the_done_when_jobset(tmp_path, capsys):
     assert main(["render", "--stack", "multislice", "--out", str(tmp_path)]) == 0
     files = sorted(tmp_path.glob("*.yaml"))
     kinds = [yaml.safe_load(f.read_text())["kind"] for f in files]
-    assert kinds == ["Namespace", "ServiceAccount", "Job", "JobSet"]
+    assert kinds == ["Namespace", "ServiceAccount", "ServiceAccount", "Job", "JobSet"]
     jobset = yaml.safe_load(files[-1].read_text())
     (replicated,) = jobset["spec"]["replicatedJobs"]
     pod = replicated["template"]["spec"]["template"]["spec"]
@@ -32,7 +32,7 @@ def test_render_prints_plain_yaml_for_every_stack(stack, capsys):
     assert main(["render", "--stack", stack]) == 0
     text = capsys.readouterr().out
     assert "&id" not in text and "*id" not in text  # no YAML anchors for kubectl users to puzzle over
-    assert len(list(yaml.safe_load_all(text))) == 4
+    assert len(list(yaml.safe_load_all(text))) == 5  # namespace, 2 ServiceAccounts, preparation, training
 
 
 def test_invalid_config_exits_2_with_the_one_line_message(tmp_path):

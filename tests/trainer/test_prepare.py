@@ -78,6 +78,15 @@ def test_a_directory_without_meta_is_not_taken_for_prepared_data(tmp_path, prepa
         prepare(corpus_path, tokenizer_path, half_written)
 
 
+def test_documents_split_across_read_chunks_come_out_whole(tmp_path, monkeypatch):
+    """A separator or a multi-byte character cut by a read boundary must not change the documents."""
+    stories = ["Größe the café cat 🐈 sat.", "  Ben ran.\n\nThen he slept.  ", "Ünïcode at the end é"]
+    path = tmp_path / "stories.txt"
+    path.write_text("".join(f"{story}\n{SEPARATOR}\n" for story in stories), encoding="utf-8")
+    monkeypatch.setattr(prepare_lib, "_READ_BYTES", 5)
+    assert list(read_documents(path, SEPARATOR)) == [story.strip() for story in stories]
+
+
 def test_documents_are_streamed_not_read_whole(tmp_path, monkeypatch):
     """The first documents come out before the reader reaches a bad byte 3 MB later, and a
     separator-less run longer than the document limit fails instead of filling memory."""

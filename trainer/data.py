@@ -1,21 +1,26 @@
 """The loader: prepared documents -> packed, masked batches, one process's share, in a fixed order.
 
-The global batch is `global_batch_size` packing streams. Each epoch the training documents are
-shuffled from the seed and document k goes to stream k mod B; a stream cuts its documents into
-windows of at most `seq_len` next-token pairs and packs them into rows (best-fit). Process p of P
-produces the rows of streams [p*B/P, (p+1)*B/P) and reads only their documents, so the data order
+The global batch is `global_batch_size` (B) packing streams. Each epoch the training documents are
+shuffled from the seed, and each run of B consecutive documents gives one to every stream, the
+longest to the stream with the fewest tokens so far (plain k mod B leaves the longest of 128 streams
+~3% longer than the mean, which a finite pass pays in padding rows). A stream cuts its documents
+into windows of at most `seq_len` next-token pairs (BOS prepended, so the first token is predicted
+too; each window is a segment of its own, positions from 0) and packs them into rows. Process p of
+P produces the rows of streams [p*B/P, (p+1)*B/P) and reads only their documents, so the data order
 does not depend on P.
 
-Packing is planned from `lengths.npy` alone, which lets every process compute, without reading any
-other process's documents, when a finite pass ends: after as many batches as the longest stream has
-rows (shorter streams are padded with empty rows). The same planner gives `steps_per_epoch`. This is
-why the packer is ours rather than grain's First/BestFitPackIterDataset. It also emits one row at a
-time (the fullest open row when a window fits nowhere) instead of all bins at once, and places a
-window in the open row it fills best: on TinyStories-like lengths at seq 256 with 16 bins that fills
-~96% of the positions, against ~94.6% for first-fit and ~78% for one document per row.
+Packing is planned from `lengths.npy` alone, so every process can compute, without reading any
+other process's documents, how many batches an epoch has: as many as the longest stream has rows
+when the split is in its reference order (training: the shuffle of seed 0). That count does not
+depend on the seed, so a schedule built from `steps_per_epoch` and every process agree on it; a
+finite pass of another seed is padded with empty rows or cut to it, at its very end (at B=128 on
+330k stories: 0.9% padding rows, no row cut). Hence a packer of our own rather than grain's
+First/BestFitPackIterDataset. It is best-fit (a window goes where it leaves the least room) and
+emits one row at a time (the fullest, when a window fits nowhere) instead of all bins at once: on
+TinyStories-like lengths at seq 256, 97-98% of positions hold a token.
 
 Streams flow from one epoch into the next (an open row may mix the end of one epoch with the start
-of the next), so `epochs=None` never pads; a finite pass pads only at its very end.
+of the next), so `epochs=None` never pads.
 """
 
 import atexit
@@ -38,6 +43,9 @@ PACKING_BINS = 16
 PREFETCH_BATCHES = 4
 # The held-out split must not change with the training seed, so runs with different seeds share it.
 _SPLIT_SEED = 0
+# The training order whose packing defines the number of batches in an epoch, for every seed.
+_REFERENCE_SEED = 0
+_epoch_rows_cache: dict[tuple, int] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +115,20 @@ def _split(data: TokenizedData, split: str, eval_fraction: float) -> np.ndarray:
     return np.sort(order[:eval_documents] if split == "eval" else order[eval_documents:])
 
 
+def _balanced_streams(lengths: np.ndarray, streams: int) -> np.ndarray:
+    """The stream of each document (given in order): each run of `streams` documents gives one to
+    every stream, the longest to the stream with the fewest tokens so far."""
+    stream_of = np.empty(len(lengths), np.int64)
+    totals = np.zeros(streams, np.int64)
+    for start in range(0, len(lengths), streams):
+        run = lengths[start:start + streams]
+        longest_first = np.argsort(-run, kind="stable")
+        emptiest_first = np.argsort(totals, kind="stable")[:len(run)]
+        stream_of[start + longest_first] = emptiest_first
+        totals[emptiest_first] += run[longest_first]
+    return stream_of
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """What every process agrees on: which windows each stream packs, epoch by epoch."""
@@ -119,19 +141,26 @@ class _Plan:
     shuffle: bool
     epochs: int | None
     bins: int
-    _orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    cache_key: tuple  # identifies the reference packing (the data and every field above but seed and epochs)
+    _epochs: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
-    def _order(self, epoch: int) -> np.ndarray:
-        """The split's documents in `epoch`'s order (the latest epoch's is kept: every stream needs it)."""
-        if epoch not in self._orders:
-            self._orders.clear()
-            rng = np.random.default_rng([self.seed, epoch])
-            self._orders[epoch] = rng.permutation(self.documents) if self.shuffle else self.documents
-        return self._orders[epoch]
+    def _streams_of(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """`epoch`'s documents grouped by stream (each group in shuffled order) and the groups' bounds.
+        Only the latest epoch is kept: every stream of a process needs it at about the same time."""
+        if epoch not in self._epochs:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.documents) if self.shuffle \
+                else self.documents
+            stream_of = _balanced_streams(self.lengths[order], self.streams)
+            by_stream = np.argsort(stream_of, kind="stable")
+            bounds = np.searchsorted(stream_of[by_stream], np.arange(self.streams + 1))
+            self._epochs.clear()
+            self._epochs[epoch] = (order[by_stream], bounds)
+        return self._epochs[epoch]
 
     def windows(self, stream: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(document, window index, pairs) of each window of `stream` in `epoch`, in packing order."""
-        documents = self._order(epoch)[stream::self.streams]
+        grouped, bounds = self._streams_of(epoch)
+        documents = grouped[bounds[stream]:bounds[stream + 1]]
         # A document of n stored tokens (ids + EOS) gives n next-token pairs after the BOS is prepended.
         pairs = self.lengths[documents].astype(np.int64)
         counts = -(-pairs // self.seq_len)
@@ -143,16 +172,18 @@ class _Plan:
     def window_pairs(self, document: int, window: int) -> int:
         return int(min(self.seq_len, self.lengths[document] - window * self.seq_len))
 
-    def total_rows(self) -> int:
-        """Batches in a finite pass: the row count of the longest stream (needs `epochs`)."""
-        rows = 0
-        for stream in range(self.streams):
-            packer = _StreamPacker(self, stream)
-            count = 0
-            while packer.next_row() is not None:
-                count += 1
-            rows = max(rows, count)
-        return rows
+    def epoch_rows(self) -> int:
+        """Batches in an epoch: rows of the longest stream packing the reference order's epoch 0."""
+        if self.cache_key not in _epoch_rows_cache:
+            reference = dataclasses.replace(self, seed=_REFERENCE_SEED, epochs=1, _epochs={})
+            rows = 0
+            for stream in range(self.streams):
+                packer, count = _StreamPacker(reference, stream), 0
+                while packer.next_row() is not None:
+                    count += 1
+                rows = max(rows, count)
+            _epoch_rows_cache[self.cache_key] = rows
+        return _epoch_rows_cache[self.cache_key]
 
 
 class _StreamPacker:
@@ -224,7 +255,6 @@ class _BatchIterator(grain.DatasetIterator):
         self._source = data.source()
         self._packers = [_StreamPacker(plan, stream) for stream in streams]
         self._step = 0
-        self._total_rows: int | None = None  # planned lazily, when a finite pass nears its end
 
     def _row(self, windows: list[tuple[int, int]], tokens_of: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
         seq_len = self._plan.seq_len
@@ -244,12 +274,10 @@ class _BatchIterator(grain.DatasetIterator):
         return row
 
     def __next__(self) -> dict[str, np.ndarray]:
+        # Planned on the first batch of a finite pass (in the prefetch thread, behind model setup).
+        if self._plan.epochs is not None and self._step >= self._plan.epochs * self._plan.epoch_rows():
+            raise StopIteration
         rows = [packer.next_row() for packer in self._packers]
-        if all(row is None for row in rows):
-            if self._total_rows is None:
-                self._total_rows = self._plan.total_rows()
-            if self._step >= self._total_rows:
-                raise StopIteration
         self._step += 1
         # One read for the whole batch: the reader's per-call cost is ~1 ms, its per-record cost ~0.1 ms.
         documents = sorted({document for row in rows for document, _ in row or []})
@@ -318,7 +346,8 @@ def _plan(data, *, seq_len, global_batch_size, seed, split, eval_fraction, epoch
         raise UserError(f"--data {data.path}: {len(documents)} training documents cannot fill "
                         f"{global_batch_size} batch rows; lower the batch size or add documents")
     return _Plan(lengths=data.lengths, documents=documents, seq_len=seq_len, streams=global_batch_size, seed=seed,
-                 shuffle=split == "train", epochs=1 if split == "eval" else epochs, bins=bins)
+                 shuffle=split == "train", epochs=1 if split == "eval" else epochs, bins=bins,
+                 cache_key=(data.path, data.documents, data.tokens, split, eval_fraction, seq_len, global_batch_size, bins))
 
 
 def batches(data: TokenizedData, *, seq_len: int, global_batch_size: int, seed: int, split: str = "train",
@@ -326,7 +355,8 @@ def batches(data: TokenizedData, *, seq_len: int, global_batch_size: int, seed: 
             prefetch: bool = True, packing_bins: int = PACKING_BINS) -> grain.DatasetIterator:
     """This process's share of the global batches: dicts of [global_batch_size // process_count, seq_len]
     arrays `input_tokens`, `target_tokens`, `segment_ids`, `positions` (int32) and `loss_mask` (float32).
-    `epochs=None` repeats forever, reshuffled each epoch; split "eval" is one pass in a fixed order.
+    `epochs=None` repeats forever, reshuffled each epoch; `epochs=E` yields E * steps_per_epoch(...)
+    batches; split "eval" is one pass in a fixed order.
     The iterator has get_state()/set_state() and works with grain.checkpoint.CheckpointSave/Restore."""
     if global_batch_size % process_count:
         raise UserError(f"batch size {global_batch_size} is not divisible by the {process_count} processes; "
@@ -344,8 +374,8 @@ def batches(data: TokenizedData, *, seq_len: int, global_batch_size: int, seed: 
 
 
 def steps_per_epoch(data: TokenizedData, *, seq_len: int, global_batch_size: int, eval_fraction: float = 0.0,
-                    seed: int = 0, packing_bins: int = PACKING_BINS) -> int:
-    """Global batches in one training epoch for this seed: what `batches(..., epochs=1)` yields.
-    Reads only the document lengths; every process gets the same number."""
-    return _plan(data, seq_len=seq_len, global_batch_size=global_batch_size, seed=seed, split="train",
-                 eval_fraction=eval_fraction, epochs=1, bins=packing_bins).total_rows()
+                    packing_bins: int = PACKING_BINS) -> int:
+    """Global batches in one training epoch, for every seed and process count: `batches(..., epochs=E)`
+    yields exactly E times this many. Reads only the document lengths."""
+    return _plan(data, seq_len=seq_len, global_batch_size=global_batch_size, seed=_REFERENCE_SEED, split="train",
+                 eval_fraction=eval_fraction, epochs=1, bins=packing_bins).epoch_rows()

@@ -46,12 +46,18 @@ class Checkpointer:
     def restore(self, step: int, abstract_state, data_iterator):
         """The state at `step` laid out like `abstract_state` (ShapeDtypeStructs with shardings); moves
         `data_iterator` to the batch after that step."""
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
-            ),
-        )
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
+                ),
+            )
+        except ValueError as error:  # a tree or shape mismatch: the checkpoint is of another run
+            raise UserError(
+                f"--checkpoint-dir {self.directory}: its step {step} does not fit this run (another --model, --lora-rank "
+                f"or tokenizer?): {str(error).splitlines()[0][:200]}; use a new --workdir or --checkpoint-dir"
+            ) from None
         return restored["state"]
 
     def close(self) -> None:

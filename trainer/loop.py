@@ -181,7 +181,8 @@ def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
         base = models.init_params(model_config, seed=config.seed, out_shardings=shard)
     else:
         path = models.official_checkpoint(config.model) if config.weights == "official" else config.weights
-        base = models.load_weights(path, flag="--weights", out_shardings=shard)
+        expected = jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed))
+        base = models.load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
     if not lora:
         return base, None
     adapters = models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)

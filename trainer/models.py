@@ -116,12 +116,24 @@ def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable 
     return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
 
 
-def load_weights(path: str, *, flag: str, out_shardings: Callable) -> Params:
-    """A `gm.ckpts.load_params` checkpoint as float32 masters, sharded by `out_shardings(tree)`."""
+def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | None) -> Params:
+    """A `gm.ckpts.load_params` checkpoint as float32 masters, sharded by `out_shardings(tree)`.
+
+    `expected` (ShapeDtypeStructs of the model's params) catches a checkpoint of another model or
+    vocabulary before training starts.
+    """
     try:
         params = gm.ckpts.load_params(path, text_only=True, sharding=out_shardings)
     except (FileNotFoundError, ValueError):  # gemma raises ValueError for a directory without checkpoint metadata
         raise UserError(f"{flag} {path}: no checkpoint there (expected a directory written by gm.ckpts.save_params)") from None
+    describe = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}  # noqa: E731
+    got, want = describe(params), describe(expected)
+    if got != want:
+        key = next(k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
+        raise UserError(
+            f"{flag} {path}: does not fit the model: {key} is {got.get(key, 'missing')} in the checkpoint, the model "
+            f"needs {want.get(key, 'none')} (another --model, or a tokenizer with another vocabulary size?)"
+        )
     return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree), donate_argnums=0)(params)
 
 

@@ -123,4 +123,4 @@ def test_official_weights_are_the_gemma_packages_pretrained_checkpoints(name, pa
 
 def test_weights_path_without_a_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match=f"--weights {tmp_path}/missing: no checkpoint there"):
-        models.load_weights(str(tmp_path / "missing"), flag="--weights", out_shardings=None)
+        models.load_weights(str(tmp_path / "missing"), flag="--weights", expected={}, out_shardings=None)

@@ -101,10 +101,11 @@ def _document_batches(documents, max_chars: int):
 
 
 class _ShardWriter:
-    """Writes records to shard-NNNNN.array_record files, starting a new one past `shard_bytes`."""
+    """Writes records to shard-NNNNN.array_record files, starting a new one past `shard_bytes`, and
+    tells `log` about each finished shard (a 2 GB corpus takes minutes)."""
 
-    def __init__(self, directory: pathlib.Path, shard_bytes: int):
-        self.directory, self.shard_bytes = directory, shard_bytes
+    def __init__(self, directory: pathlib.Path, shard_bytes: int, log):
+        self.directory, self.shard_bytes, self.log = directory, shard_bytes, log
         self.shards: list[dict] = []
         self._writer, self._bytes = None, 0
 
@@ -124,15 +125,18 @@ class _ShardWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            documents = sum(shard["documents"] for shard in self.shards)
+            self.log(f"{self.shards[-1]['file']} written ({documents} documents so far)")
 
     def close(self) -> list[dict]:
         self._close_shard()
         return self.shards
 
 
-def _write_prepared(input_path, tokenizer: Tokenizer, directory: pathlib.Path, *, separator, workers, shard_bytes):
+def _write_prepared(input_path, tokenizer: Tokenizer, directory: pathlib.Path, *, separator, workers, shard_bytes,
+                    log):
     lengths = array.array("i")
-    writer = _ShardWriter(directory, shard_bytes)
+    writer = _ShardWriter(directory, shard_bytes, log)
     try:
         for batch in _document_batches(read_documents(input_path, separator), _ENCODE_BATCH_CHARS):
             for ids in tokenizer.encode_batch(batch, threads=workers):
@@ -197,11 +201,13 @@ def _check_reusable(meta: dict, directory: pathlib.Path, tokenizer: Tokenizer, s
 
 
 def prepare(input_path, tokenizer_path, output_dir, *, separator=SEPARATOR, workers=1,
-            shard_bytes=_SHARD_BYTES) -> dict:
+            shard_bytes=_SHARD_BYTES, log=lambda message: None) -> dict:
     """Tokenizes `input_path` into `output_dir` (see the module docstring) and returns its meta.
-    `workers` tokenizer threads; shards of about `shard_bytes` of token ids."""
+    `workers` tokenizer threads; shards of about `shard_bytes` of token ids; `log` gets progress lines."""
     input_path, output_dir = pathlib.Path(input_path), pathlib.Path(output_dir)
     tokenizer = load_tokenizer(tokenizer_path)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UserError(f"--output {output_dir}: is a file; pass a directory path")
     if output_dir.is_dir() and any(output_dir.iterdir()):
         meta = read_meta(output_dir)
         _check_reusable(meta, output_dir, tokenizer, _source_identity(input_path, separator))
@@ -212,7 +218,7 @@ def prepare(input_path, tokenizer_path, output_dir, *, separator=SEPARATOR, work
     partial.mkdir()
     try:
         meta = _write_prepared(input_path, tokenizer, partial, separator=separator, workers=workers,
-                               shard_bytes=shard_bytes)
+                               shard_bytes=shard_bytes, log=log)
         if output_dir.is_dir():
             output_dir.rmdir()  # empty (checked above); rename cannot replace a non-empty directory
         os.rename(partial, output_dir)
@@ -241,7 +247,8 @@ def main(argv=None) -> int:
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     try:
-        meta = prepare(args.input, args.tokenizer, args.output, separator=args.separator, workers=args.workers)
+        meta = prepare(args.input, args.tokenizer, args.output, separator=args.separator, workers=args.workers,
+                       log=lambda message: print(message, file=sys.stderr, flush=True))
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return exitcodes.USER_ERROR

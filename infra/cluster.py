@@ -73,6 +73,9 @@ class GkeCluster(Component):
                 # refreshed kubeconfig is an update (pulumi-kubernetes#4019).
                 cluster_identifier=self.cluster.id,
                 enable_server_side_apply=True,
+                # Once the cluster is gone (deleted outside Pulumi, or a destroy that stopped half
+                # way), its Kubernetes objects are dropped from the state instead of failing destroy.
+                delete_unreachable=True,
             ),
             opts=self.child(),
         )
@@ -104,11 +107,11 @@ class GkeCluster(Component):
                         enabled=True
                     ),
                 ),
-                deletion_protection=config.deletion_protection,
+                deletion_protection=config.protect,
             ),
             # After the default pool is gone GKE reports another node config; without this a
             # later `pulumi up` would see a diff there and replace the cluster.
-            opts=self.child(*self.node_roles, ignore_changes=["nodeConfig", "initialNodeCount"]),
+            opts=self.child(*self.node_roles, protect=config.protect, ignore_changes=["nodeConfig", "initialNodeCount"]),
         )
 
     def _autopilot(self, config: StackConfig) -> gcp.container.Cluster:
@@ -126,9 +129,9 @@ class GkeCluster(Component):
                         oauth_scopes=[CLOUD_PLATFORM_SCOPE],
                     ),
                 ),
-                deletion_protection=config.deletion_protection,
+                deletion_protection=config.protect,
             ),
-            opts=self.child(*self.node_roles),
+            opts=self.child(*self.node_roles, protect=config.protect),
         )
 
     def _cpu_pool(self, config: StackConfig) -> gcp.container.NodePool:

@@ -6,9 +6,10 @@ it before any resource is declared; `load_stack_file` (preview, tests, workloads
 names the key as written in the stack file and the allowed values.
 """
 
+import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 PREPARATION_SUFFIX = "-prep"
 _SERVICE_ACCOUNT_SUFFIXES = ("-nodes", "-train", PREPARATION_SUFFIX)
 STACK_NAME_MAX = 30 - len("gemma-") - max(len(suffix) for suffix in _SERVICE_ACCOUNT_SUFFIXES)
+# Keys an earlier version of this schema had, and where their setting lives now.
+MOVED_KEYS = {f"{PROJECT}:cluster.deletionProtection": f"{PROJECT}:protect"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,11 +89,12 @@ class StackConfig:
     slice: SliceSpec  # derived from tpu.accelerator + tpu.topology
     data_bucket: str
     artifacts_bucket: str
-    force_destroy: bool
+    force_destroy: bool  # buckets that `pulumi destroy` deletes go with their contents
+    keep_artifacts: bool  # `pulumi destroy` leaves the artifacts bucket (checkpoints) in place
     image: str | None  # None = build trainer/ into the stack's registry
     namespace: str
     service_account: str  # the Kubernetes ServiceAccount the training pods run as
-    deletion_protection: bool
+    protect: bool  # GKE deletion protection and Pulumi `protect` on the cluster, buckets and registry
     training: TrainingConfig
 
     @property
@@ -185,6 +189,8 @@ class _Section:
 
     def flag(self, name: str, default: bool) -> bool:
         value = self._get(name, default)
+        # The engine passes top-level values as text, and `pulumi config set KEY true` stores "true".
+        value = {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
         if not isinstance(value, bool):
             raise ConfigError(f"{self.key(name)} must be true or false, got {value!r}")
         return value
@@ -193,17 +199,25 @@ class _Section:
         return _Section(self.key(name), self._get(name, None))
 
     def reject_unknown(self) -> None:
-        for name in self._values:
+        for name in map(str, self._values):  # YAML may give a key such as `1:` as a number
+            if name in self._known:
+                continue
+            key = self.key(name)
+            if key in MOVED_KEYS:
+                raise ConfigError(f"{key} is now {MOVED_KEYS[key]}; set that key instead and remove this one")
             section = name.split(".")[0]
-            if name not in self._known and section in self._known:
+            if section in self._known:
                 raise ConfigError(
-                    f"{self.key(name)} is not a known key; to set a key inside {section}, run "
+                    f"{key} is not a known key; to set a key inside {section}, run "
                     f"`pulumi config set --path '{name}' VALUE`"
                 )
-            if name not in self._known:
-                raise ConfigError(
-                    f"{self.key(name)} is not a known key; the keys here are {', '.join(self._known)}"
-                )
+            raise ConfigError(f"{key} is not a known key{self._suggestion(name)}; the keys here are {', '.join(self._known)}")
+
+    def _suggestion(self, name: str) -> str:
+        """` (did you mean X?)` for a misspelt key or one written without its `gemma-tpu:` namespace."""
+        namespaced = [known for known in self._known if known.split(":")[-1] == name]
+        close = namespaced or difflib.get_close_matches(name, self._known, n=1)
+        return f" (did you mean {close[0]}?)" if close else ""
 
 
 def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
@@ -219,10 +233,10 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     image = top.text(f"{PROJECT}:image", "")
     namespace = top.text(f"{PROJECT}:namespace", "training")
     service_account = top.text(f"{PROJECT}:serviceAccount", "trainer")
+    protect = top.flag(f"{PROJECT}:protect", False)
     training_section = top.section(f"{PROJECT}:training")
 
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
-    deletion_protection = cluster.flag("deletionProtection", False)
     tpu_config = TpuConfig(
         accelerator=tpu_section.text("accelerator", "v6e", tpu.ACCELERATORS),
         topology=tpu_section.text("topology", "1x1"),
@@ -233,6 +247,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     data_bucket = storage.text("dataBucket", "") or f"{project}-{stack}-data"
     artifacts_bucket = storage.text("artifactsBucket", "") or f"{project}-{stack}-artifacts"
     force_destroy = storage.flag("forceDestroy", True)
+    keep_artifacts = storage.flag("keepArtifacts", True)
     training = _parse_training(training_section)
     for section in (top, cluster, tpu_section, storage, training_section):
         section.reject_unknown()
@@ -276,10 +291,11 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         data_bucket=data_bucket,
         artifacts_bucket=artifacts_bucket,
         force_destroy=force_destroy,
+        keep_artifacts=keep_artifacts,
         image=image or None,
         namespace=namespace,
         service_account=service_account,
-        deletion_protection=deletion_protection,
+        protect=protect,
         training=training,
     )
 
@@ -363,12 +379,54 @@ def read_stack_values(path_or_stack_name: str | Path) -> tuple[dict[str, Any], s
     if not path.is_file():
         raise ConfigError(f"no stack file {path}; the stacks here are {', '.join(shipped_stacks())}")
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_StackFileLoader) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; save the stack file as UTF-8 YAML") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}; check the file's permissions") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(document, Mapping):
         raise ConfigError(f"{path} must be a mapping with a `config:` section")
-    return dict(document.get("config") or {}), path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+    values = document.get("config") or {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"the `config:` section of {path} must be a mapping of keys to values, got {values!r}")
+    _reject_encrypted(path, values)
+    return {str(key): value for key, value in values.items()}, path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+
+
+class _StackFileLoader(yaml.SafeLoader):
+    """YAML that refuses a key set twice in one mapping (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader reports an unhashable key itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is set twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    return f"line {mark.line + 1}: {problem}; correct that line" if mark else problem
+
+
+def _reject_encrypted(path: Path, values: Mapping[Any, Any], prefix: str = "") -> None:
+    """`pulumi config set --secret` stores `{secure: ...}`, which only the Pulumi CLI can decrypt."""
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping) and set(value) == {"secure"}:
+            raise ConfigError(
+                f"{key} is encrypted in {path}, and no key of this project is a secret: "
+                f"set it in plain text with `pulumi config set {'--path ' if prefix else ''}'{key}' VALUE`"
+            )
+        if isinstance(value, Mapping):
+            _reject_encrypted(path, value, f"{key}.")
 
 
 def load_stack_file(path_or_stack_name: str | Path) -> StackConfig:

@@ -40,6 +40,10 @@ class Resource:
     inputs: dict[str, Any]
     provider: str | None = None  # the explicit provider's name ("gcp", "gke"); None for components
     depends_on: tuple[str, ...] = ()  # names of what it waits for, explicit and through its inputs
+    urn: str = ""
+    dependency_urns: tuple[str, ...] = ()  # depends_on exactly: a name can repeat across types
+    protect: bool = False  # `pulumi destroy` refuses to delete it
+    retain_on_delete: bool = False  # `pulumi destroy` drops it from the stack but leaves it in the cloud
 
     def as_dict(self) -> dict[str, Any]:
         """The --json form: the keys the issues promise (the provider shows in text)."""
@@ -89,6 +93,8 @@ class _RecordingMonitor(mocks.MockMonitor):
                     inputs=rpc.deserialize_properties(request.object),
                     provider_urn=request.provider.rsplit("::", 1)[0] if request.provider else "",
                     dependency_urns=tuple(request.dependencies),
+                    protect=request.protect,
+                    retain_on_delete=request.retainOnDelete,
                 )
             )
         return response
@@ -103,6 +109,8 @@ class _Registration:
     inputs: dict[str, Any]
     provider_urn: str
     dependency_urns: tuple[str, ...]
+    protect: bool
+    retain_on_delete: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +160,10 @@ def _resources(registrations: list["_Registration"]) -> list[Resource]:
                     inputs=_shown(registration.inputs),
                     provider=names.get(registration.provider_urn),
                     depends_on=tuple(sorted(names[urn] for urn in registration.dependency_urns if urn in names)),
+                    urn=registration.urn,
+                    dependency_urns=tuple(sorted(urn for urn in registration.dependency_urns if urn in names)),
+                    protect=registration.protect,
+                    retain_on_delete=registration.retain_on_delete,
                 )
             )
             ordered += walk(registration.urn)
@@ -177,7 +189,8 @@ def _print_text(result: StackPreview) -> None:
     for resource in result.resources:
         parent = f"  in {resource.parent}" if resource.parent else ""
         provider = f"  provider {resource.provider}" if resource.provider else ""
-        print(f"{resource.type}  {resource.name}{parent}{provider}")
+        kept = "  protected" * resource.protect + "  kept on destroy" * resource.retain_on_delete
+        print(f"{resource.type}  {resource.name}{parent}{provider}{kept}")
         if resource.depends_on:
             print(f"  after: {', '.join(resource.depends_on)}")
         for line in json.dumps(resource.inputs, indent=2, sort_keys=True).splitlines()[1:-1]:

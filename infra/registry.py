@@ -42,7 +42,7 @@ class Registry(Component):
                     ),
                 ],
             ),
-            opts=self.child(),
+            opts=self.child(protect=config.protect),
         )
         self.node_reader = gcp.artifactregistry.RepositoryIamMember(
             "nodes-pull-images",

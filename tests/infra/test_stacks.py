@@ -139,7 +139,6 @@ def test_buckets_are_private(stack):
         assert bucket["uniformBucketLevelAccess"] is True
         assert bucket["publicAccessPrevention"] == "enforced"
         assert bucket["hierarchicalNamespace"] == {"enabled": True}
-        assert bucket["forceDestroy"] is True
         assert bucket["location"] == "US-EAST5"
 
 

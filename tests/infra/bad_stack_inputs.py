@@ -1,0 +1,189 @@
+"""Every bad stack input tried, and the one line a user gets for it from `python -m infra.preview`
+(and from `pulumi up`, which prints the same message). These cases are the rows of docs/bad-inputs.md
+"Stack config": `python -m tests.infra.bad_stack_inputs` prints that table, and a test checks that
+the document shows it."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_ID = "acme-ml-123"
+STACK = "team-a"
+FILE = "{file}"  # in an expected error: the stack file's path as given to --stack
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadStack:
+    case: str
+    error: str  # what follows "error: " on stderr
+    config: dict[str, Any] | None = None  # entries of `config:` besides gcp:project
+    file: bytes | None = None  # or a whole stack file, for problems with the file itself
+    described: str = ""  # how the doc shows `file`
+    stack: str = STACK
+    exists: bool = True  # False: --stack names a file that is not there
+
+    def file_bytes(self) -> bytes:
+        if self.file is not None:
+            return self.file
+        values = {"gcp:project": PROJECT_ID, **self.config}
+        return ("config:\n" + "".join(f"  {_entry(key, value)}\n" for key, value in values.items())).encode()
+
+    def write(self, folder: Path) -> Path:
+        path = folder / f"Pulumi.{self.stack}.yaml"
+        if self.exists:
+            path.write_bytes(self.file_bytes())
+        return path
+
+    def expected(self, path: Path) -> str:
+        return self.error.replace(FILE, str(path))
+
+    def table_row(self) -> str:
+        given = self.described or " ".join(f"`{_entry(key, value)}`" for key, value in self.config.items())
+        if self.stack != STACK and not self.described:
+            given = f"the file `Pulumi.{self.stack}.yaml` {given}".strip()
+        error = self.error.replace(FILE, f"Pulumi.{self.stack}.yaml")
+        # A double-backtick span may hold the single backticks of a message.
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in (self.case, given, f"`` error: {error} ``")) + " |"
+
+
+def _entry(key: str, value: Any) -> str:
+    """One `config:` entry as a user writes it: `gemma-tpu:tpu: {topology: 3x3}`."""
+    return f"{key}: {yaml.safe_dump([value], default_flow_style=True, width=1000).strip()[1:-1]}"
+
+
+KEYS = (
+    "gcp:project, gcp:region, gcp:zone, gemma-tpu:cluster, gemma-tpu:tpu, gemma-tpu:storage, gemma-tpu:image, "
+    "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:training"
+)
+MULTISLICE = {"topology": "2x4", "slices": 2}
+
+CASES = (
+    # The file itself
+    BadStack(case="no such stack", stack="staging", exists=False, described="`--stack Pulumi.staging.yaml`, no such file",
+             error="no stack file {file}; the stacks here are autopilot, dev, multihost, multislice"),
+    BadStack(case="not UTF-8 text", file=b"\x00\x01\xff\xfe", described="binary bytes",
+             error="{file} is not UTF-8 text; save the stack file as UTF-8 YAML"),
+    BadStack(case="broken YAML", file=b"config:\n  gemma-tpu:tpu: {slices: 2\n", described="`gemma-tpu:tpu: {slices: 2` (unclosed)",
+             error="{file} is not valid YAML: line 3: expected ',' or '}', but got '<stream end>'; correct that line"),
+    BadStack(case="a key set twice", file=b"config:\n  gcp:project: acme-ml-123\n  gcp:project: acme-ml-456\n",
+             described="`gcp:project` on two lines",
+             error="{file} is not valid YAML: line 3: 'gcp:project' is set twice; correct that line"),
+    BadStack(case="file is a list", file=b"- gcp:project: acme-ml-123\n", described="`- gcp:project: acme-ml-123`",
+             error="{file} must be a mapping with a `config:` section"),
+    BadStack(case="config is a list", file=b"config:\n  - gcp:project: acme-ml-123\n", described="`config:` holding a list",
+             error="the `config:` section of {file} must be a mapping of keys to values, got [{'gcp:project': 'acme-ml-123'}]"),
+    BadStack(case="encrypted value", file=b"config:\n  gcp:project:\n    secure: v1:AAAA\n",
+             described="`gcp:project: {secure: v1:AAAA}` (set with --secret)",
+             error="gcp:project is encrypted in {file}, and no key of this project is a secret: "
+             "set it in plain text with `pulumi config set 'gcp:project' VALUE`"),
+    BadStack(case="stack name too long", stack="a-very-long-stack-name", config={},
+             error="the stack name 'a-very-long-stack-name' must be at most 18 characters of a-z, 0-9 and '-', starting with a letter"),
+    BadStack(case="stack name with capitals", stack="TeamA", config={},
+             error="the stack name 'TeamA' must be at most 18 characters of a-z, 0-9 and '-', starting with a letter"),
+    # Keys
+    BadStack(case="unknown top-level key", config={"gemma-tpu:tpus": {"slices": 2}},
+             error=f"gemma-tpu:tpus is not a known key (did you mean gemma-tpu:tpu?); the keys here are {KEYS}"),
+    BadStack(case="key without its namespace", config={"tpu": {"topology": "2x4"}},
+             error=f"tpu is not a known key (did you mean gemma-tpu:tpu?); the keys here are {KEYS}"),
+    BadStack(case="key that is a number", config={1: "x"}, error=f"1 is not a known key; the keys here are {KEYS}"),
+    BadStack(case="misspelt nested key", config={"gemma-tpu:tpu": {"topolgy": "2x4"}},
+             error="gemma-tpu:tpu.topolgy is not a known key (did you mean topology?); the keys here are accelerator, "
+             "topology, slices, capacity, reservation"),
+    BadStack(case="nested key set without --path", config={"gemma-tpu:tpu.slices": 2},
+             error="gemma-tpu:tpu.slices is not a known key; to set a key inside gemma-tpu:tpu, run "
+             "`pulumi config set --path 'gemma-tpu:tpu.slices' VALUE`"),
+    BadStack(case="the old deletion protection key", config={"gemma-tpu:cluster": {"deletionProtection": True}},
+             error="gemma-tpu:cluster.deletionProtection is now gemma-tpu:protect; set that key instead and remove this one"),
+    BadStack(case="section that is not a mapping", config={"gemma-tpu:tpu": "v6e-8"},
+             error="gemma-tpu:tpu must be a mapping of keys to values, got 'v6e-8'"),
+    # Values
+    BadStack(case="missing project", config={"gcp:project": ""},
+             error="gcp:project is required: run `pulumi config set gcp:project YOUR_PROJECT_ID`"),
+    BadStack(case="project that is not a project ID", config={"gcp:project": "My_Project"},
+             error="gcp:project 'My_Project' is not a Google Cloud project ID (6-30 of a-z, 0-9, -)"),
+    BadStack(case="region that is not a region", config={"gcp:region": "east"},
+             error="gcp:region 'east' is not a region name such as us-east5"),
+    BadStack(case="zone outside the region", config={"gcp:region": "us-east5", "gcp:zone": "us-central1-a"},
+             error="gcp:zone 'us-central1-a' is not in gcp:region 'us-east5'; use a zone such as us-east5-b"),
+    BadStack(case="unknown cluster mode", config={"gemma-tpu:cluster": {"mode": "gke"}},
+             error="gemma-tpu:cluster.mode is 'gke'; choose one of standard, autopilot"),
+    BadStack(case="unknown accelerator", config={"gemma-tpu:tpu": {"accelerator": "v4"}},
+             error="gemma-tpu:tpu.accelerator is 'v4'; choose one of v6e, v5e, v5p"),
+    BadStack(case="unknown topology", config={"gemma-tpu:tpu": {"topology": "3x3"}},
+             error="gemma-tpu:tpu.topology: topology '3x3' is not a v6e slice; choose one of 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
+    BadStack(case="topology of another accelerator", config={"gemma-tpu:tpu": {"accelerator": "v5p", "topology": "2x4"}},
+             error="gemma-tpu:tpu.topology: topology '2x4' is not a v5p slice; choose one of 2x2x1, 2x2x2, 2x2x4, 2x4x4, 4x4x4"),
+    BadStack(case="multislice of single-host slices", config={"gemma-tpu:tpu": {"topology": "2x2", "slices": 2}},
+             error="gemma-tpu:tpu.slices is 2 but v6e 2x2 is a single-host slice; multislice needs a multi-host topology "
+             "(2x4, 4x4, 4x8, 8x8, 8x16, 16x16) or slices: 1"),
+    BadStack(case="text for a number of slices", config={"gemma-tpu:tpu": {"slices": "2"}},
+             error="gemma-tpu:tpu.slices must be an integer, got '2'"),
+    BadStack(case="true for a number of slices", config={"gemma-tpu:tpu": {"slices": True}},
+             error="gemma-tpu:tpu.slices must be an integer, got True"),
+    BadStack(case="fraction for a number of slices", config={"gemma-tpu:tpu": {"slices": 1.5}},
+             error="gemma-tpu:tpu.slices must be an integer, got 1.5"),
+    BadStack(case="zero slices", config={"gemma-tpu:tpu": {"slices": 0}},
+             error="gemma-tpu:tpu.slices is 0; it must be at least 1"),
+    BadStack(case="unknown capacity", config={"gemma-tpu:tpu": {"capacity": "preemptible"}},
+             error="gemma-tpu:tpu.capacity is 'preemptible'; choose one of on-demand, spot, reservation, flex-start"),
+    BadStack(case="reservation without a name", config={"gemma-tpu:tpu": {"capacity": "reservation"}},
+             error="gemma-tpu:tpu.reservation is required with capacity: reservation; give the reservation's name"),
+    BadStack(case="reservation name without capacity reservation",
+             config={"gemma-tpu:tpu": {"capacity": "spot", "reservation": "my-reservation"}},
+             error="gemma-tpu:tpu.reservation is set but gemma-tpu:tpu.capacity is 'spot'; set capacity: reservation or remove the reservation"),
+    BadStack(case="flex-start on Autopilot",
+             config={"gemma-tpu:cluster": {"mode": "autopilot"}, "gemma-tpu:tpu": {"capacity": "flex-start"}},
+             error="gemma-tpu:tpu.capacity 'flex-start' is not supported with gemma-tpu:cluster.mode autopilot; choose one of on-demand, spot"),
+    BadStack(case="reservation on Autopilot",
+             config={"gemma-tpu:cluster": {"mode": "autopilot"}, "gemma-tpu:tpu": {"capacity": "reservation", "reservation": "r"}},
+             error="gemma-tpu:tpu.capacity 'reservation' is not supported with gemma-tpu:cluster.mode autopilot; choose one of on-demand, spot"),
+    BadStack(case="protect that is not true or false", config={"gemma-tpu:protect": "yes please"},
+             error="gemma-tpu:protect must be true or false, got 'yes please'"),
+    BadStack(case="keepArtifacts that is not true or false", config={"gemma-tpu:storage": {"keepArtifacts": "always"}},
+             error="gemma-tpu:storage.keepArtifacts must be true or false, got 'always'"),
+    BadStack(case="bucket name with google", config={"gemma-tpu:storage": {"dataBucket": "my-google-data"}},
+             error="gemma-tpu:storage.dataBucket: 'my-google-data' is not a valid bucket name (3-63 of a-z, 0-9, '-', '_', '.', "
+             "no 'google'); set a valid name there"),
+    BadStack(case="bucket name with capitals", config={"gemma-tpu:storage": {"artifactsBucket": "Runs"}},
+             error="gemma-tpu:storage.artifactsBucket: 'Runs' is not a valid bucket name (3-63 of a-z, 0-9, '-', '_', '.', "
+             "no 'google'); set a valid name there"),
+    BadStack(case="same bucket twice", config={"gemma-tpu:storage": {"dataBucket": "shared", "artifactsBucket": "shared"}},
+             error="gemma-tpu:storage.artifactsBucket must differ from gemma-tpu:storage.dataBucket"),
+    BadStack(case="image with a space", config={"gemma-tpu:image": "my image"},
+             error="gemma-tpu:image 'my image' is not an image URI; leave it empty to build trainer/"),
+    BadStack(case="namespace not a Kubernetes name", config={"gemma-tpu:namespace": "Training"},
+             error="gemma-tpu:namespace 'Training' must be at most 63 characters of a-z, 0-9 and '-', starting with a letter"),
+    BadStack(case="ServiceAccount not a Kubernetes name", config={"gemma-tpu:serviceAccount": "trainer_sa"},
+             error="gemma-tpu:serviceAccount 'trainer_sa' must be at most 58 characters of a-z, 0-9 and '-', starting with a letter"),
+    BadStack(case="unknown model", config={"gemma-tpu:training": {"model": "gemma2-2b"}},
+             error="gemma-tpu:training.model is 'gemma2-2b'; choose one of gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, tiny"),
+    BadStack(case="weights neither a choice nor gs://", config={"gemma-tpu:training": {"weights": "latest"}},
+             error="gemma-tpu:training.weights is 'latest'; choose one of official, random or a gs:// checkpoint"),
+    BadStack(case="dataset not a URL", config={"gemma-tpu:training": {"dataset": "ftp://x/y.txt"}},
+             error="gemma-tpu:training.dataset is 'ftp://x/y.txt'; give an https:// URL or a gs:// path"),
+    BadStack(case="sequence too short", config={"gemma-tpu:training": {"seqLen": 8}},
+             error="gemma-tpu:training.seqLen is 8; it must be between 16 and 32768"),
+    BadStack(case="zero steps", config={"gemma-tpu:training": {"steps": 0}},
+             error="gemma-tpu:training.steps is 0; it must be at least 1"),
+    BadStack(case="text learning rate", config={"gemma-tpu:training": {"learningRate": "fast"}},
+             error="gemma-tpu:training.learningRate must be a number, got 'fast'"),
+    BadStack(case="zero learning rate", config={"gemma-tpu:training": {"learningRate": 0}},
+             error="gemma-tpu:training.learningRate is 0; it must be above 0.0 and at most 1.0"),
+    BadStack(case="negative LoRA rank", config={"gemma-tpu:training": {"loraRank": -1}},
+             error="gemma-tpu:training.loraRank is -1; it must be between 0 and 1024"),
+    BadStack(case="batch not divisible by the hosts", config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": {"batchSize": 6}},
+             error="gemma-tpu:training.batchSize is 6; it must be divisible by the 4 hosts of 2 x 2x4 slices (each host loads an equal share)"),
+    BadStack(case="run name too long for pod hostnames", config={"gemma-tpu:training": {"runName": "r" * 41}},
+             error=f"gemma-tpu:training.runName '{'r' * 41}' must be at most 40 characters of a-z, 0-9 and '-', starting with a letter"),
+)
+
+
+def markdown_table() -> str:
+    rows = [case.table_row() for case in CASES]
+    return "\n".join(["| case | in the stack file | what the user gets (exit code 2) |", "|---|---|---|", *rows])
+
+
+if __name__ == "__main__":
+    print(markdown_table())

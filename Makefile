@@ -4,15 +4,19 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The policy pack has its own environment: pulumi-policy pins a protobuf the trainer's TensorFlow cannot use.
+POLICY_VENV := .venv-policy
+POLICY_STAMP := $(POLICY_VENV)/.installed
 # gemma 4 needs Python 3.12: take the first interpreter that really is 3.12 (a pyenv shim may not be).
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo render
+.PHONY: help setup test demo render policy-check
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
 	@echo "make test   the test suite (offline)"
+	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
 	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
 
 setup: $(STAMP)
@@ -24,11 +28,21 @@ $(STAMP): requirements.txt trainer/requirements.txt requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-test: $(STAMP)
+$(POLICY_STAMP): policy/requirements.txt
+	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12" >&2; exit 1; }
+	test -x $(POLICY_VENV)/bin/python || $(PYTHON312) -m venv $(POLICY_VENV)
+	$(POLICY_VENV)/bin/python -m pip install -q -r policy/requirements.txt
+	touch $@
+
+test: $(STAMP) $(POLICY_STAMP)
 	$(PY) -m pytest -q
+	MAIN_PYTHON=$(PY) $(POLICY_VENV)/bin/python -m pytest -q policy/tests
 
 demo: $(STAMP)
 	$(PY) -m trainer --preset tiny --workdir runs/demo
 
 render: $(STAMP)
 	$(PY) -m workloads render --stack $(STACK) --out rendered/$(STACK)
+
+policy-check: $(STAMP) $(POLICY_STAMP)
+	$(PY) -m infra.preview --stack $(STACK) --json | $(POLICY_VENV)/bin/python policy/check.py

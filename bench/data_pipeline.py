@@ -1,0 +1,159 @@
+"""The data side alone: `python -m bench.data_pipeline [--quick]`.
+
+- prepare throughput (MB/s of raw text) for 1, the CPU count and twice the CPU count of tokenizer threads;
+- peak memory (RSS) of `python -m trainer.prepare` on a large generated input (2 GB; --quick: 64 MB);
+- loader throughput (trainer.data.batches, without its background prefetch) against the time one
+  training step of ours takes on the same batch shape;
+- packing fill: the share of positions that carry a training token, ours against one document per row.
+
+The large inputs repeat the benchmark corpus (a few MB) end to end: as costly to tokenize as fresh
+stories, and written at disk speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench import inputs as inputs_lib
+from bench.baseline import tokenize_row
+from bench.stats import mib
+from trainer import data as data_lib
+from trainer.prepare import prepare
+
+_MB = 10**6
+PREPARE_SCALING_MB = {"full": 128, "quick": 16}
+PREPARE_MEMORY_MB = {"full": 2000, "quick": 64}
+LOADER_BATCHES = {"full": 50, "quick": 10}
+FILL_BATCHES = {"full": 20, "quick": 5}
+# Rows x sequence of the packing fill report: the tutorial's batch and sequence.
+FILL_SHAPE = (128, 256)
+
+
+def repeated_text(source: pathlib.Path, path: pathlib.Path, megabytes: int) -> pathlib.Path:
+    """`source` repeated end to end until `path` holds at least `megabytes` MB (reused when it does)."""
+    target = megabytes * _MB
+    if path.exists() and path.stat().st_size >= target:
+        return path
+    block = source.read_bytes()
+    with path.open("wb") as out:
+        for _ in range(-(-target // len(block))):
+            out.write(block)
+    return path
+
+
+def prepare_scaling(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megabytes: int) -> None:
+    text = repeated_text(inputs.corpus_path, workdir / f"text-{megabytes}MB.txt", megabytes)
+    size_mb = text.stat().st_size / _MB
+    cpus = os.cpu_count() or 1
+    print(f"[prepare throughput] {size_mb:.0f} MB of text, tokenizer {inputs.tokenizer.vocab_size} pieces, {cpus} CPUs")
+    single = None
+    for workers in sorted({1, cpus, 2 * cpus}):
+        output = workdir / f"prepared-{megabytes}MB-{workers}w"
+        shutil.rmtree(output, ignore_errors=True)
+        start = time.perf_counter()
+        prepare(text, inputs.tokenizer.path, output, workers=workers)
+        rate = size_mb / (time.perf_counter() - start)
+        single = single or rate
+        print(f"  workers {workers}: {rate:6.1f} MB/s ({rate / single:.2f}x one worker)")
+        shutil.rmtree(output)
+
+
+def prepare_memory(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megabytes: int) -> None:
+    text = repeated_text(inputs.corpus_path, workdir / f"text-{megabytes}MB.txt", megabytes)
+    output = workdir / f"prepared-{megabytes}MB"
+    shutil.rmtree(output, ignore_errors=True)
+    command = [sys.executable, "-m", "trainer.prepare", "--input", str(text), "--tokenizer", inputs.tokenizer.path,
+               "--output", str(output)]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"python -m trainer.prepare failed on {text} (exit {os.waitstatus_to_exitcode(status)})")
+    output_bytes = sum(f.stat().st_size for f in output.iterdir())
+    size = text.stat().st_size
+    print(f"[prepare memory] python -m trainer.prepare (default workers) on {size / _MB:,.0f} MB: peak RSS "
+          f"{mib(usage.ru_maxrss * 1024)}, {size / _MB / seconds:.1f} MB/s, {seconds:.0f} s, output {output_bytes / _MB:,.0f} MB")
+    shutil.rmtree(output)
+
+
+def loader_throughput(data: data_lib.TokenizedData, *, seq_len: int, batch_size: int, batches: int) -> float:
+    """Seconds per batch of the loader producing on the calling thread (no prefetch)."""
+    iterator = data_lib.batches(data, seq_len=seq_len, global_batch_size=batch_size, seed=0, prefetch=False)
+    next(iterator)  # opening the shards
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return (time.perf_counter() - start) / batches
+
+
+def loader_vs_step(inputs: inputs_lib.BenchInputs, step_seconds: dict[str, tuple[int, int, float]], batches: int) -> None:
+    """`step_seconds`: config name -> (seq_len, batch_size, median step time of ours)."""
+    print("[loader] trainer.data.batches on one thread, against one train step of ours on the same shape")
+    for name, (seq_len, batch_size, step_time) in step_seconds.items():
+        per_batch = loader_throughput(inputs.data, seq_len=seq_len, batch_size=batch_size, batches=batches)
+        print(f"  {name} (seq_len {seq_len}, batch {batch_size}): {1 / per_batch:8.1f} batches/s "
+              f"({batch_size * seq_len / per_batch:,.0f} positions/s), step {step_time * 1e3:.0f} ms: "
+              f"loader {step_time / per_batch:,.0f}x faster than the step")
+
+
+def packing_fill(inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int, batches: int) -> None:
+    iterator = data_lib.batches(inputs.data, seq_len=seq_len, global_batch_size=batch_size, seed=0, prefetch=False)
+    fills = [float(np.mean(next(iterator)["loss_mask"])) for _ in range(batches)]
+    documents = inputs.documents()
+    rows = np.stack([tokenize_row(inputs.tokenizer, text, seq_len) for text in documents])
+    one_per_row = float(np.mean(rows[:, 1:] != inputs.tokenizer.pad_id))
+    kept = np.minimum(inputs.data.lengths, seq_len).sum() / inputs.data.tokens
+    print(f"[packing fill] seq_len {seq_len}, batch {batch_size}: ours {statistics.mean(fills):.1%} of positions train "
+          f"(min {min(fills):.1%} over {batches} batches); one document per row {one_per_row:.1%}, "
+          f"and it truncates {1 - kept:.1%} of the corpus's tokens away")
+
+
+def run(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, *, quick: bool, step_seconds) -> None:
+    mode = "quick" if quick else "full"
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"  {inputs_lib.length_distribution(inputs, FILL_SHAPE[1])}")
+    batch_size, seq_len = FILL_SHAPE
+    packing_fill(inputs, seq_len=seq_len, batch_size=batch_size, batches=FILL_BATCHES[mode])
+    loader_vs_step(inputs, step_seconds, LOADER_BATCHES[mode])
+    prepare_scaling(inputs, workdir, PREPARE_SCALING_MB[mode])
+    prepare_memory(inputs, workdir, PREPARE_MEMORY_MB[mode])
+
+
+def measure_step_seconds(inputs: inputs_lib.BenchInputs, *, quick: bool) -> dict[str, tuple[int, int, float]]:
+    """Ours alone on each throughput configuration (when not measured by `python -m bench`)."""
+    from bench import throughput
+    from bench.ours import Ours
+
+    measured = {}
+    for config in throughput.CONFIGS.values():
+        model_config = config.model_config(inputs.tokenizer.vocab_size)
+        ours = Ours(model_config, inputs.data, seq_len=config.seq_len, batch_size=config.batch_size)
+        results = throughput.measure([ours], throughput.QUICK if quick else throughput.FULL, log=lambda line: None)
+        measured[config.name] = (config.seq_len, config.batch_size, statistics.median(results["ours"].step_times))
+        ours.close()
+    return measured
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.data_pipeline", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller inputs, fewer batches")
+    parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="generated inputs and outputs go here")
+    args = parser.parse_args(argv)
+    workdir = pathlib.Path(args.workdir)
+    inputs = inputs_lib.build_inputs(workdir)
+    run(inputs, workdir / "data_pipeline", quick=args.quick, step_seconds=measure_step_seconds(inputs, quick=args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

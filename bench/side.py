@@ -1,0 +1,61 @@
+"""What the throughput benchmark needs of each side: compile, step, wait, and the compiled step's memory."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import time
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCounts:
+    useful_tokens: int  # loss-bearing positions of the batch (not padding)
+    positions: int  # all positions computed, padding included
+
+
+class Side(abc.ABC):
+    """One way of training; `compile()` first, then `step()` as often as needed."""
+
+    name: str
+
+    def __init__(self):
+        self._compiled = None
+        self._last = None
+        self.compile_s: float | None = None
+
+    @abc.abstractmethod
+    def _lower(self):
+        """The jit step lowered on the first batch (jax.stages.Lowered)."""
+
+    @abc.abstractmethod
+    def _dispatch(self, compiled) -> tuple[StepCounts, object]:
+        """Builds the next batch, dispatches one step without waiting; returns its counts and an output to wait on."""
+
+    def compile(self) -> None:
+        start = time.perf_counter()
+        self._compiled = self._lower().compile()
+        self.compile_s = time.perf_counter() - start
+
+    def step(self) -> StepCounts:
+        counts, self._last = self._dispatch(self._compiled)
+        return counts
+
+    def wait(self) -> None:
+        jax.block_until_ready(self._last)
+
+    def close(self) -> None:
+        """Stops background work (a loader's prefetch thread)."""
+
+    def memory_analysis(self):
+        """XLA's memory figures of the compiled step (jax CompiledMemoryStats), or None where unsupported."""
+        return self._compiled.memory_analysis()
+
+    def step_memory_bytes(self) -> int | None:
+        """XLA's figure for the compiled step: arguments + outputs (less donated aliases) + temporaries."""
+        analysis = self.memory_analysis()
+        if analysis is None:
+            return None
+        return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+                + analysis.temp_size_in_bytes)

@@ -7,6 +7,7 @@ its shards), "data": the grain iterator state (one file per process)}. Saves are
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import grain
@@ -19,6 +20,11 @@ from gemma import gm
 from trainer.errors import UserError
 
 
+def absolute_path(path: str | pathlib.Path) -> epath.Path:
+    """Orbax wants absolute paths; a URL (gs://...) already is one."""
+    return epath.Path(path if "://" in str(path) else os.path.abspath(path))
+
+
 class Checkpointer:
     """Keeps the last `keep` checkpoints under `directory` (local or gs://)."""
 
@@ -26,7 +32,7 @@ class Checkpointer:
         self.directory = directory
         try:
             self._manager = ocp.CheckpointManager(
-                epath.Path(directory),
+                absolute_path(directory),
                 options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True),
                 item_names=("state", "data"),
             )
@@ -72,7 +78,7 @@ def abstract_like(tree):
 
 def export_params(params, path: str | pathlib.Path) -> str:
     """Writes params where `gm.ckpts.load_params(path)` reads them (overwriting an earlier export)."""
-    path = epath.Path(path)
+    path = absolute_path(path)
     if path.exists() and jax.process_index() == 0:
         path.rmtree()
     if jax.process_count() > 1:

@@ -5,7 +5,6 @@ Read it in order: `train()` calls the helpers below it in the order a run needs 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -18,8 +17,14 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
 from trainer import checkpoint, flops, hardware, mesh, models, sampling, step
+from trainer import data as data_lib
+from trainer import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
+from trainer.corpus import write_corpus
 from trainer.errors import UserError
+from trainer.loss import choose_vocab_chunk
+from trainer.metrics import METRICS_FILE, MetricsReporter
+from trainer.plot import plot_loss
 
 # The demo's generated inputs (`--preset tiny` without --data / --tokenizer).
 DEMO_STORIES = 4000
@@ -49,6 +54,14 @@ def train(config: TrainConfig) -> dict:
     distributed = mesh.initialize_distributed(
         coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
     )
+    preemption = _PreemptionNotice(distributed)
+    try:
+        return _train(config, preemption)
+    finally:
+        preemption.close()
+
+
+def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(config.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -63,9 +76,6 @@ def train(config: TrainConfig) -> dict:
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
     shard = lambda tree: mesh.state_shardings(device_mesh, tree)  # noqa: E731
     _check_batch(config, device_mesh)
-
-    from trainer import data as data_lib
-
     total_steps = config.steps or config.epochs * data_lib.steps_per_epoch(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, eval_fraction=config.eval_fraction
     )
@@ -95,8 +105,6 @@ def train(config: TrainConfig) -> dict:
 
     model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
     per_device_tokens = config.batch_size * config.seq_len // device_mesh.size
-    from trainer.loss import choose_vocab_chunk
-
     functions = step.make_step_functions(
         model, optimizer, compute_dtype=compute_dtype, lora=bool(config.lora_rank), softcap=model_config.final_logit_softcap,
         vocab_chunk=choose_vocab_chunk(per_device_tokens, model_config.num_embed), state_shardings=shard(state),
@@ -104,8 +112,6 @@ def train(config: TrainConfig) -> dict:
     if is_main:
         write_resolved_config(config, workdir, model_config=model_config, inputs=inputs, total_steps=total_steps,
                               mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype)
-
-    from trainer.metrics import MetricsReporter
 
     with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
                          is_main_process=is_main, start_step=start_step + 1) as reporter:
@@ -118,35 +124,27 @@ def train(config: TrainConfig) -> dict:
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
             checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(optimizer_config), inputs=inputs,
             flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
-            preemption=_PreemptionNotice(distributed),
+            preemption=preemption,
         )
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
         finally:
-            loop.preemption.close()
             checkpointer.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
     export_final(config, workdir, state, frozen)
     if is_main:
-        from trainer.plot import plot_loss
-
-        plot_loss(workdir / "metrics.jsonl", workdir / "loss.png")
+        plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
     return final_metrics
 
 
 def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
     """The tokenizer and the opened data; `--preset tiny` generates what it is not given."""
-    from trainer import data as data_lib
-    from trainer import tokenizer as tokenizer_lib
-
     generated = workdir / "data"
     data_source = config.data
     if data_source is None:  # only with --preset (parse_config requires --data otherwise)
         data_source = str(generated / "corpus.txt")
         if not pathlib.Path(data_source).exists():
-            from trainer.corpus import write_corpus
-
             write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
@@ -295,8 +293,6 @@ class _StepLoop:
         return state, final
 
     def _evaluate(self, state) -> dict:
-        from trainer import data as data_lib
-
         config = self.config
         eval_batches = data_lib.batches(
             self.inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, seed=config.seed, split="eval",

@@ -46,22 +46,24 @@ def test_stop_and_resume_gives_the_parameters_and_batches_of_a_straight_run(tmp_
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _trainer(workdir, prepared_dir, tokenizer_path, steps):
-    args = tiny_args(workdir, prepared_dir, tokenizer_path, "--steps", str(steps), "--log-interval", "1",
+def _trainer(cwd, prepared_dir, tokenizer_path, steps):
+    """`python -m trainer` in `cwd` with the relative --workdir `run`, as a user would type it."""
+    args = tiny_args("run", prepared_dir, tokenizer_path, "--steps", str(steps), "--log-interval", "1",
                      "--eval-fraction", "0", "--checkpoint-interval", "1000")
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])}
     return subprocess.Popen([sys.executable, "-m", "trainer", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=pathlib.Path(__file__).parents[2])
+                            text=True, cwd=cwd, env=env)
 
 
 def test_sigterm_checkpoints_exits_with_retry_and_the_restart_resumes(tmp_path, prepared_dir, tokenizer_path):
-    metrics = tmp_path / "metrics.jsonl"
+    metrics = tmp_path / "run" / "metrics.jsonl"
     process = _trainer(tmp_path, prepared_dir, tokenizer_path, 10_000)
     while process.poll() is None and not (metrics.exists() and len(read_metrics(metrics)) >= 2):
         time.sleep(0.2)
     os.kill(process.pid, signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == exitcodes.RETRY, stderr[-2000:]
-    saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+    saved = [int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1 and saved[0] >= 2
     assert f"preempted: checkpointed step {saved[0]}" in stderr
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gemma import gm
 
-from trainer import loop, models
+from trainer import exitcodes, loop, models
 from trainer.config import parse_config
 from trainer.metrics import read_metrics
 
@@ -76,3 +76,17 @@ def test_lora_trains_only_the_adapters(tmp_path, prepared_dir, tokenizer_path, t
     # Exactly the adapted matrices moved: embeddings and norms are frozen.
     assert changed and all(name.endswith(("['w']", "['gating_einsum']", "['linear']")) for name in changed)
     assert not any("embedder" in name or "norm" in name for name in changed)
+
+
+def test_diverging_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path, prepared_dir, tokenizer_path, capsys):
+    from trainer.__main__ import main
+
+    args = tiny_args(tmp_path, prepared_dir, tokenizer_path, "--steps", "6", "--lr", "1e9", "--warmup-steps", "0",
+                     "--lr-schedule", "constant", "--eval-fraction", "0", "--log-interval", "1", "--checkpoint-interval", "1")
+    assert main(args) == exitcodes.USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert "training diverged" in err and "lower --lr" in err and "\n" not in err, err
+    kept = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+    assert f"the last good checkpoint is step {max(kept)} in {tmp_path / 'checkpoints'}" in err
+    diverged_step = int(err.split(" at step ")[1].split(";")[0])
+    assert max(kept) == diverged_step - 1

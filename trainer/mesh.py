@@ -102,7 +102,10 @@ def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -
         raise UserError(f"--mesh {_describe(sizes)}: the data axis must be a multiple of the {slices} slices")
     ici_shape = (sizes["data"] // slices, sizes["fsdp"])
     dcn_shape = (slices, 1)
-    return Mesh(mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices), BATCH_AXES)
+    # TPU devices know their slice; elsewhere (CPU tests emulating slices) each process stands for one.
+    process_is_granule = not hasattr(devices[0], "slice_index")
+    device_array = mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices, process_is_granule=process_is_granule)
+    return Mesh(device_array, BATCH_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

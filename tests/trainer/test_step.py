@@ -1,0 +1,83 @@
+"""The optimizer, the jit step and the mesh rules, without a whole run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+
+from trainer import mesh, models, step
+from trainer.errors import UserError
+
+
+def _optimizer_config(**overrides):
+    values = dict(lr=1e-3, lr_schedule="cosine", warmup_steps=10, total_steps=100, weight_decay=0.1, grad_clip=1.0)
+    return step.OptimizerConfig(**{**values, **overrides})
+
+
+def test_learning_rate_warms_up_linearly_then_decays_to_zero_or_stays():
+    cosine = step.learning_rate_schedule(_optimizer_config())
+    assert float(cosine(0)) == 0 and float(cosine(5)) == pytest.approx(5e-4) and float(cosine(10)) == pytest.approx(1e-3)
+    assert float(cosine(55)) == pytest.approx(5e-4, rel=1e-3) and float(cosine(100)) == pytest.approx(0, abs=1e-9)
+    constant = step.learning_rate_schedule(_optimizer_config(lr_schedule="constant"))
+    assert float(constant(5)) == pytest.approx(5e-4) and float(constant(10)) == float(constant(99)) == pytest.approx(1e-3)
+    no_warmup = step.learning_rate_schedule(_optimizer_config(lr_schedule="constant", warmup_steps=0))
+    assert float(no_warmup(0)) == pytest.approx(1e-3)
+
+
+def test_warmup_longer_than_the_run_is_accepted():
+    schedule = step.learning_rate_schedule(_optimizer_config(warmup_steps=50, total_steps=20))
+    assert 0 < float(schedule(19)) <= 1e-3
+
+
+def test_weight_decay_pulls_matrices_but_not_norm_scales():
+    optimizer = step.build_optimizer(_optimizer_config(lr=1.0, warmup_steps=0, lr_schedule="constant", weight_decay=0.5))
+    params = {"linear": jnp.ones((4, 4)), "norm": {"scale": jnp.ones((4,))}}
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = optimizer.update(zero_grads, optimizer.init(params), params)
+    np.testing.assert_allclose(updates["linear"], -0.5 * np.ones((4, 4)))
+    np.testing.assert_array_equal(updates["norm"]["scale"], np.zeros(4))
+
+
+def test_train_step_donates_the_state_and_updates_the_float32_masters():
+    config = models.model_config("tiny", vocab_size=64)
+    model = models.build_model(config, dtype=jnp.float32)
+    params = models.init_params(config, seed=0)
+    optimizer = step.build_optimizer(_optimizer_config(lr=1e-2, warmup_steps=0))
+    state = step.init_state(params, optimizer, state_shardings_fn=lambda tree: None)
+    functions = step.make_step_functions(model, optimizer, compute_dtype=jnp.float32, lora=False, softcap=None, vocab_chunk=None)
+    tokens = np.arange(2 * 16, dtype=np.int32).reshape(2, 16) % 60 + 4
+    batch = {"input_tokens": tokens, "target_tokens": np.roll(tokens, -1, axis=1), "segment_ids": np.ones_like(tokens),
+             "positions": np.tile(np.arange(16, dtype=np.int32), (2, 1)), "loss_mask": np.ones(tokens.shape, np.float32)}
+    before = jax.tree.map(np.array, state["params"])  # copies: a numpy view would pin the buffer
+    old_leaf = state["params"]["embedder"]["input_embedding"]
+    new_state, metrics = functions.train(state, None, batch)
+    assert old_leaf.is_deleted()  # donated: the step reused its memory
+    assert int(new_state["step"]) == 1 and float(metrics["tokens"]) == tokens.size
+    after = jax.tree.map(np.asarray, new_state["params"])
+    assert not np.array_equal(after["layer_0"]["mlp"]["linear"], before["layer_0"]["mlp"]["linear"])
+    assert after["embedder"]["input_embedding"].dtype == np.float32
+
+
+def test_mesh_fills_the_minus_one_axis_and_refuses_what_does_not_fit():
+    assert mesh.resolve_axis_sizes({"data": -1, "fsdp": 4}, 8) == {"data": 2, "fsdp": 4}
+    assert mesh.resolve_axis_sizes({"data": 2, "fsdp": 4}, 8) == {"data": 2, "fsdp": 4}
+    with pytest.raises(UserError, match="--mesh data=-1,fsdp=3: 8 devices do not divide by 3"):
+        mesh.resolve_axis_sizes({"data": -1, "fsdp": 3}, 8)
+    with pytest.raises(UserError, match="--mesh data=2,fsdp=2: needs 4 devices, this job has 8"):
+        mesh.resolve_axis_sizes({"data": 2, "fsdp": 2}, 8)
+
+
+def test_fsdp_splits_large_matrices_on_their_largest_divisible_axis_and_replicates_the_rest():
+    assert mesh.fsdp_spec((262_144, 640), 4) == PartitionSpec("fsdp")  # Gemma 3 270M embedding: split the vocabulary
+    assert mesh.fsdp_spec((2, 2048, 640), 4) == PartitionSpec(None, "fsdp")  # gating einsum
+    assert mesh.fsdp_spec((4, 256, 640), 3) == PartitionSpec()  # no axis divides by 3: replicated
+    assert mesh.fsdp_spec((640,), 4) == PartitionSpec()  # a norm scale: too small to split
+    assert mesh.fsdp_spec((262_144, 640), 1) == PartitionSpec()  # no fsdp axis
+
+
+def test_a_single_device_mesh_gives_global_batches_of_the_local_rows():
+    device_mesh = mesh.build_mesh({"data": -1, "fsdp": 1})
+    local = {"input_tokens": np.ones((4, 8), np.int32)}
+    batch = mesh.global_batch(local, device_mesh)
+    assert batch["input_tokens"].shape == (4, 8) and batch["input_tokens"].sharding.spec == PartitionSpec(("data", "fsdp"))

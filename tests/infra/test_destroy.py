@@ -4,6 +4,7 @@ while the cluster and its node pools still run them, and a vanished cluster does
 
 import pytest
 
+from infra.config import read_stack_values
 from infra.preview import Resource, preview
 from tests.infra.conftest import SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
 
@@ -36,6 +37,14 @@ def prerequisites(resources: list[Resource], resource: Resource) -> set[tuple[st
 
 def buckets(resources: list[Resource]) -> dict[str, Resource]:
     return {b.name.removesuffix("-bucket"): b for b in of_type(resources, BUCKET)}
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_each_shipped_stack_file_states_what_destroy_keeps(stack):
+    """A user copying a stack file sees both choices, not only their defaults."""
+    values, _ = read_stack_values(stack)
+    assert values["gemma-tpu:protect"] is False
+    assert values["gemma-tpu:storage"]["keepArtifacts"] is KEEPS_ARTIFACTS[stack]
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)

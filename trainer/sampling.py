@@ -38,13 +38,14 @@ def _greedy(model, params, tokens: jax.Array, prompt_length: jax.Array) -> jax.A
 
 def generate(model, params, tokenizer, prompt: str) -> str:
     """The prompt continued greedily up to BUFFER_TOKENS tokens, cut at the first end of document."""
-    prompt_ids = tokenizer.encode(prompt)[: BUFFER_TOKENS - 1]
+    # Documents start with BOS in training (trainer.data), so prompts do too.
+    prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)][: BUFFER_TOKENS - 1]
     buffer = np.zeros((1, BUFFER_TOKENS), np.int32)
     buffer[0, : len(prompt_ids)] = prompt_ids
     generated = np.asarray(_greedy(model, params, jnp.asarray(buffer), len(prompt_ids)))[0, len(prompt_ids) :].tolist()
     if tokenizer.eos_id in generated:
         generated = generated[: generated.index(tokenizer.eos_id)]
-    return tokenizer.decode(prompt_ids + generated)
+    return tokenizer.decode(prompt_ids[1:] + generated)
 
 
 def sample_text(model, params, tokenizer) -> str:

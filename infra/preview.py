@@ -2,7 +2,8 @@
 
 Runs the project's `__main__.py` under Pulumi's mock runtime with the config of
 `Pulumi.NAME.yaml` and prints every resource: type, name, parent, its inputs as the provider
-would receive them (camelCase) and what it waits for. No credentials, no network, no Pulumi CLI.
+would receive them (camelCase), what it waits for, and whether `pulumi destroy` would refuse it
+(`protected`) or leave it in the cloud (`kept on destroy`). No credentials, no network, no Pulumi CLI.
 Values only the cloud knows (a cluster's endpoint, an account's email, an image's digest) are
 filled in with recognisable placeholders.
 An invalid config exits with code 2 and its one-line message.

@@ -28,12 +28,14 @@ from trainer.config import TrainConfig
 from trainer.tokenizer import Tokenizer
 
 
-def tokenize_row(tokenizer: Tokenizer, text: str, seq_len: int) -> np.ndarray:
-    """seq_len + 1 ids (inputs are the first seq_len, targets the last): truncated, padded with 0."""
-    ids = [tokenizer.bos_id, *tokenizer.encode(text), tokenizer.eos_id][: seq_len + 1]
+def tokenize_row(tokenizer: Tokenizer, text: str, seq_len: int) -> tuple[np.ndarray, int]:
+    """(seq_len + 1 ids, truncated to the row and padded with 0: inputs are the first seq_len, targets
+    the last seq_len; the number of the document's targets cut off)."""
+    ids = [tokenizer.bos_id, *tokenizer.encode(text), tokenizer.eos_id]
     row = np.full(seq_len + 1, tokenizer.pad_id, np.int32)
-    row[: len(ids)] = ids
-    return row
+    kept = ids[: seq_len + 1]
+    row[: len(kept)] = kept
+    return row, len(ids) - len(kept)
 
 
 def train_step(state: train_state.TrainState, inputs, targets):
@@ -61,12 +63,16 @@ class Baseline(Side):
         self.state = train_state.TrainState.create(apply_fn=model.apply, params=bf16_params,
                                                    tx=optax.adamw(learning_rate=TrainConfig().lr))
         self._train_step = jax.jit(train_step, donate_argnums=0)
+        self._trained_targets = self._cut_targets = 0
 
     def _next_batch(self) -> tuple[jax.Array, jax.Array, StepCounts]:
-        rows = np.stack([tokenize_row(self.tokenizer, text, self.seq_len)
-                         for text in itertools.islice(self._documents, self.batch_size)])
+        rows, cut = zip(*(tokenize_row(self.tokenizer, text, self.seq_len)
+                          for text in itertools.islice(self._documents, self.batch_size)))
+        rows = np.stack(rows)
         inputs, targets = rows[:, :-1], rows[:, 1:]
         counts = StepCounts(useful_tokens=int(np.count_nonzero(targets != self.tokenizer.pad_id)), positions=targets.size)
+        self._trained_targets += counts.useful_tokens
+        self._cut_targets += sum(cut)
         return jax.device_put(inputs, self._batch_sharding), jax.device_put(targets, self._batch_sharding), counts
 
     def _lower(self):
@@ -77,3 +83,6 @@ class Baseline(Side):
         inputs, targets, counts = self._next_batch()
         self.state, loss = compiled(self.state, inputs, targets)
         return counts, loss
+
+    def truncated_fraction(self) -> float:
+        return self._cut_targets / max(1, self._cut_targets + self._trained_targets)

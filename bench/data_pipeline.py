@@ -110,9 +110,10 @@ def packing_fill(inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: in
     iterator = data_lib.batches(inputs.data, seq_len=seq_len, global_batch_size=batch_size, seed=0, prefetch=False)
     fills = [float(np.mean(next(iterator)["loss_mask"])) for _ in range(batches)]
     documents = inputs.documents()
-    rows = np.stack([tokenize_row(inputs.tokenizer, text, seq_len) for text in documents])
-    one_per_row = float(np.mean(rows[:, 1:] != inputs.tokenizer.pad_id))
-    kept = np.minimum(inputs.data.lengths, seq_len).sum() / inputs.data.tokens
+    rows, cut = zip(*(tokenize_row(inputs.tokenizer, text, seq_len) for text in documents))
+    targets = np.stack(rows)[:, 1:]
+    one_per_row = float(np.mean(targets != inputs.tokenizer.pad_id))
+    kept = 1 - sum(cut) / (sum(cut) + np.count_nonzero(targets != inputs.tokenizer.pad_id))
     print(f"[packing fill] seq_len {seq_len}, batch {batch_size}: ours {statistics.mean(fills):.1%} of positions train "
           f"(min {min(fills):.1%} over {batches} batches); one document per row {one_per_row:.1%}, "
           f"and it truncates {1 - kept:.1%} of the corpus's tokens away")

@@ -32,17 +32,27 @@ PROBE_BATCH = 8
 MAX_BATCH = 1024  # also below the benchmark corpus's 4000 documents, which our loader's streams need
 # Share of the GPU's memory a step may plan for: both sides' states stay resident, XLA's own workspace needs room.
 MEMORY_SHARE = 0.8
-SCHEDULE = throughput.Schedule(warmup_steps=3, repeats=4, steps_per_repeat=5)
-DRY_RUN_SCHEDULE = throughput.Schedule(warmup_steps=0, repeats=2, steps_per_repeat=1)
-DRY_RUN_BATCH = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    schedule: throughput.Schedule
+    max_batch: int
+    budget: int | None  # bytes a compiled step may take; None: unknown, the batch is not searched
+
+
+def gpu_plan() -> Plan:
+    stats = jax.devices()[0].memory_stats() or {}
+    budget = int(stats["bytes_limit"] * MEMORY_SHARE) if "bytes_limit" in stats else None
+    return Plan(schedule=throughput.Schedule(warmup_steps=3, repeats=4, steps_per_repeat=5), max_batch=MAX_BATCH, budget=budget)
+
+
+# The dry run searches the batch too, under a small budget and cap, so that every code path runs on the CPU.
+DRY_RUN_PLAN = Plan(schedule=throughput.Schedule(warmup_steps=0, repeats=2, steps_per_repeat=1), max_batch=8, budget=512 * 2**20)
 
 
 def _gemma3_270m(vocab_size: int):
     return models.model_config("gemma3-270m", vocab_size=vocab_size)
-
-
-def _tiny(vocab_size: int):
-    return models.tiny_config(vocab_size)
 
 
 def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int) -> Side:
@@ -52,12 +62,7 @@ def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_le
                     seq_len=seq_len, batch_size=batch_size)
 
 
-def memory_budget() -> int | None:
-    stats = jax.devices()[0].memory_stats()
-    return int(stats["bytes_limit"] * MEMORY_SHARE) if stats and "bytes_limit" in stats else None
-
-
-def largest_batch(name: str, model_config, inputs, *, seq_len: int, budget: int) -> int:
+def largest_batch(name: str, model_config, inputs, *, seq_len: int, budget: int, cap: int = MAX_BATCH) -> int:
     """The largest power of two whose step fits `budget`, extrapolated linearly in the batch from one probe compile
     (the batch-independent part is the step's arguments: weights, optimizer state)."""
     probe = make_side(name, model_config, inputs, seq_len=seq_len, batch_size=PROBE_BATCH)
@@ -66,43 +71,35 @@ def largest_batch(name: str, model_config, inputs, *, seq_len: int, budget: int)
     per_row = max(1, (probe.step_memory_bytes() - fixed) / PROBE_BATCH)
     probe.close()
     rows = (budget - fixed) / per_row
-    return max(1, min(MAX_BATCH, 2 ** int(math.floor(math.log2(max(rows, 1))))))
+    return max(1, min(cap, 2 ** int(math.floor(math.log2(max(rows, 1))))))
 
 
-@dataclasses.dataclass
-class Measured:
-    side: Side
-    batch_size: int
-    results: throughput.Repeats
-
-
-def measure_side(name: str, model_config, inputs, *, seq_len: int, batch_size: int, budget: int | None, schedule) -> Measured:
-    """One side at `batch_size`; when its compiled step turns out larger than `budget`, at half the batch."""
+def fitted_side(name: str, model_config, inputs, *, seq_len: int, batch_size: int, budget: int | None) -> Side:
+    """One side compiled at `batch_size`, or at half of it as often as its compiled step exceeds `budget`."""
     while True:
         side = make_side(name, model_config, inputs, seq_len=seq_len, batch_size=batch_size)
         side.compile()
         if budget is None or side.step_memory_bytes() <= budget or batch_size == 1:
-            break
+            print(f"  {name}: batch {batch_size}, compiled in {side.compile_s:.0f} s", flush=True)
+            return side
         side.close()
         batch_size //= 2
-    results = throughput.measure([side], schedule, log=lambda line: None)[name]
-    return Measured(side=side, batch_size=batch_size, results=results)
 
 
-def run(model_config, inputs, *, seq_len: int, schedule, batch_size: int | None) -> None:
-    budget = memory_budget()
-    device = jax.devices()[0]
+def run(model_config, inputs, *, seq_len: int, plan: Plan, batch_size: int | None) -> None:
+    """Both sides at `batch_size`, or each at its own largest batch; then alternating repeats as on the CPU."""
+    budget = plan.budget
     print(f"[h200] seq_len {seq_len}: {flops.param_count(model_config):,} parameters, vocabulary {model_config.num_embed}, "
-          f"{device.device_kind}, step memory budget {'n/a' if budget is None else f'{budget / 2**30:.0f} GiB'}", flush=True)
-    measured = {}
+          f"{jax.devices()[0].device_kind}, step memory budget {'n/a' if budget is None else f'{budget / 2**30:.1f} GiB'}",
+          flush=True)
+    if batch_size is None and budget is None:
+        raise SystemExit("error: the device reports no memory limit to search the batch under; pass --batch-size")
+    sides = []
     for name in ("ours", "baseline"):
-        batch = batch_size or (largest_batch(name, model_config, inputs, seq_len=seq_len, budget=budget) if budget else DRY_RUN_BATCH)
-        measured[name] = measure_side(name, model_config, inputs, seq_len=seq_len, batch_size=batch, budget=budget,
-                                      schedule=schedule)
-        print(f"  {name}: batch {measured[name].batch_size}", flush=True)
-    sides = [m.side for m in measured.values()]
-    throughput.report(sides, {name: m.results for name, m in measured.items()},
-                      flops_per_token=flops.training_flops_per_token(model_config, seq_len))
+        batch = batch_size or largest_batch(name, model_config, inputs, seq_len=seq_len, budget=budget, cap=plan.max_batch)
+        sides.append(fitted_side(name, model_config, inputs, seq_len=seq_len, batch_size=batch, budget=budget))
+    results = throughput.measure(sides, plan.schedule, log=lambda line: None)
+    throughput.report(sides, results, flops_per_token=flops.training_flops_per_token(model_config, seq_len))
     for side in sides:
         side.close()
 
@@ -119,11 +116,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     inputs = inputs_lib.build_inputs(args.workdir)
-    model_config = (_tiny if args.dry_run else _gemma3_270m)(inputs.tokenizer.vocab_size)
+    model_config = (models.tiny_config if args.dry_run else _gemma3_270m)(inputs.tokenizer.vocab_size)
+    plan = DRY_RUN_PLAN if args.dry_run else gpu_plan()
     print(f"  {inputs_lib.length_distribution(inputs, max(SEQ_LENS))}")
     for seq_len in SEQ_LENS:
-        run(model_config, inputs, seq_len=seq_len, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
-            batch_size=args.batch_size or (DRY_RUN_BATCH if args.dry_run else None))
+        run(model_config, inputs, seq_len=seq_len, plan=plan, batch_size=args.batch_size)
     print(f"done in {time.perf_counter() - start:.0f} s")
     return 0
 

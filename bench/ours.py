@@ -26,14 +26,19 @@ def optimizer_config(total_steps: int) -> step.OptimizerConfig:
 class Ours(Side):
     name = "ours"
 
-    def __init__(self, model_config, data: data_lib.TokenizedData, *, seq_len: int, batch_size: int, seed: int = 0):
+    def __init__(self, model_config, data: data_lib.TokenizedData, *, seq_len: int, batch_size: int, seed: int = 0,
+                 dtype=None):
+        """`dtype`: the forward pass's; None = the trainer's choice for this platform (a what-if otherwise)."""
         super().__init__()
+        if dtype is not None:
+            self.name = f"ours/{jnp.dtype(dtype).name}"
+        self.batch_size = batch_size
         self.mesh = mesh.build_mesh(TrainConfig().mesh)
         shard = lambda tree: mesh.state_shardings(self.mesh, tree)  # noqa: E731
         optimizer = step.build_optimizer(optimizer_config(total_steps=1_000_000))
         params = models.init_params(model_config, seed=seed, out_shardings=shard)
         self.state = step.init_state(params, optimizer, state_shardings_fn=shard)
-        dtype = compute_dtype()
+        dtype = dtype or compute_dtype()
         per_device_tokens = batch_size * seq_len // self.mesh.size
         self.functions = step.make_step_functions(
             models.build_model(model_config, dtype=dtype), optimizer, compute_dtype=dtype, lora=False,

@@ -19,6 +19,7 @@ class Side(abc.ABC):
     """One way of training; `compile()` first, then `step()` as often as needed."""
 
     name: str
+    batch_size: int  # global, in rows
 
     def __init__(self):
         self._compiled = None
@@ -34,6 +35,9 @@ class Side(abc.ABC):
         """Builds the next batch, dispatches one step without waiting; returns its counts and an output to wait on."""
 
     def compile(self) -> None:
+        """Compiles the step ahead of time (once), timing it apart from the steps."""
+        if self._compiled is not None:
+            return
         start = time.perf_counter()
         self._compiled = self._lower().compile()
         self.compile_s = time.perf_counter() - start
@@ -44,6 +48,10 @@ class Side(abc.ABC):
 
     def wait(self) -> None:
         jax.block_until_ready(self._last)
+
+    def truncated_fraction(self) -> float:
+        """Share of the documents' tokens this side has dropped rather than trained on."""
+        return 0.0
 
     def close(self) -> None:
         """Stops background work (a loader's prefetch thread)."""

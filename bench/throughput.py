@@ -65,13 +65,15 @@ FULL = Schedule(warmup_steps=2, repeats=5, steps_per_repeat=4)
 QUICK = Schedule(warmup_steps=1, repeats=3, steps_per_repeat=2)
 
 
-def build_sides(config: BenchConfig, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int, seed: int = 0) -> list[Side]:
-    """Both sides on the same inputs and the same initial weights."""
+def build_sides(config: BenchConfig, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int, seed: int = 0,
+                what_if_dtypes: tuple[str, ...] = ()) -> list[Side]:
+    """Both sides on the same inputs and the same initial weights; `what_if_dtypes` add ours with another compute dtype."""
     model_config = config.model_config(inputs.tokenizer.vocab_size)
     baseline = Baseline(model_config, models.init_params(model_config, seed=seed), inputs.tokenizer, inputs.documents(),
                         seq_len=seq_len, batch_size=batch_size)
-    ours = Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch_size, seed=seed)
-    return [ours, baseline]
+    ours = [Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch_size, seed=seed, dtype=dtype)
+            for dtype in (None, *what_if_dtypes)]
+    return [*ours, baseline]
 
 
 def time_repeat(side: Side, steps: int) -> tuple[float, int, int]:
@@ -102,24 +104,27 @@ def report(sides: list[Side], results: dict[str, Repeats], *, flops_per_token: f
     for side in sides:
         r = results[side.name]
         mfu = flops.model_flops_utilization(r.positions_per_sec / jax.device_count(), flops_per_token, peak)
-        print(f"  {side.name:8s} useful {r.useful_tokens_per_sec:10,.0f} tok/s | all {r.positions_per_sec:10,.0f} tok/s | "
+        print(f"  {side.name:8s} batch {side.batch_size} | useful {r.useful_tokens_per_sec:10,.0f} tok/s | all {r.positions_per_sec:10,.0f} tok/s | "
               f"padding {r.padding_fraction:5.1%} | step {statistics.median(r.step_times) * 1e3:8.1f} ms median, "
               f"spread {spread(r.step_times):4.0%} over {len(r.step_times)} repeats | "
               f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'} | step memory {mib(side.step_memory_bytes())} | "
-              f"compile {side.compile_s:.1f} s", file=out)
-    ratio = results["ours"].useful_tokens_per_sec / results["baseline"].useful_tokens_per_sec
-    print(f"  ratio ours/baseline, useful tokens/s: {ratio:.2f}x", file=out)
-    return ratio
+              f"compile {side.compile_s:.1f} s | truncated away {side.truncated_fraction():.0%}", file=out)
+    baseline = results["baseline"].useful_tokens_per_sec
+    ratios = {side.name: results[side.name].useful_tokens_per_sec / baseline for side in sides if side.name != "baseline"}
+    for name, ratio in ratios.items():
+        print(f"  ratio {name}/baseline, useful tokens/s: {ratio:.2f}x", file=out)
+    return ratios["ours"]
 
 
-def run(config: BenchConfig, inputs: inputs_lib.BenchInputs, schedule: Schedule) -> dict[str, Repeats]:
+def run(config: BenchConfig, inputs: inputs_lib.BenchInputs, schedule: Schedule, *,
+        what_if_dtypes: tuple[str, ...] = ()) -> dict[str, Repeats]:
     print(f"[throughput {config.name}] {config.description}: seq_len {config.seq_len}, global batch {config.batch_size}, "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}")
     model_config = config.model_config(inputs.tokenizer.vocab_size)
     print(f"  model: {flops.param_count(model_config):,} parameters, {model_config.num_layers} layers, "
           f"vocabulary {model_config.num_embed}")
     print(f"  {inputs_lib.length_distribution(inputs, config.seq_len)}")
-    sides = build_sides(config, inputs, seq_len=config.seq_len, batch_size=config.batch_size)
+    sides = build_sides(config, inputs, seq_len=config.seq_len, batch_size=config.batch_size, what_if_dtypes=what_if_dtypes)
     results = measure(sides, schedule, log=lambda line: print(line, flush=True))
     report(sides, results, flops_per_token=flops.training_flops_per_token(model_config, config.seq_len))
     for side in sides:
@@ -131,11 +136,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), action="append", help="configuration(s) to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="fewer warm-up steps and repeats")
+    parser.add_argument("--what-if-dtype", choices=("bfloat16", "float32"), action="append", default=[],
+                        help="also run ours with this compute dtype instead of the trainer's choice for the platform")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="where the generated inputs are cached")
     args = parser.parse_args(argv)
     inputs = inputs_lib.build_inputs(args.workdir)
     for name in args.config or CONFIGS:
-        run(CONFIGS[name], inputs, QUICK if args.quick else FULL)
+        run(CONFIGS[name], inputs, QUICK if args.quick else FULL, what_if_dtypes=tuple(args.what_if_dtype))
     return 0
 
 

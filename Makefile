@@ -11,21 +11,22 @@ POLICY_STAMP := $(POLICY_VENV)/.installed
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo render policy-check
+.PHONY: help setup test demo render policy-check lock
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
 	@echo "make test   the test suite (offline)"
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
+	@echo "make lock   re-resolve the dependency locks from the pins (network; docs/dependencies.md)"
 	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt trainer/requirements.txt requirements-dev.txt
+# Installed from the lock: every package at its pinned version and file hash (docs/dependencies.md).
+$(STAMP): requirements-dev.lock
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.lock
 	touch $@
 
 $(POLICY_STAMP): policy/requirements.txt
@@ -46,3 +47,15 @@ render: $(STAMP)
 
 policy-check: $(STAMP) $(POLICY_STAMP)
 	$(PY) -m infra.preview --stack $(STACK) --json | $(POLICY_VENV)/bin/python policy/check.py
+
+LOCK_VENV := /tmp/gemma-tpu-lock
+# PyPI only (no local package folders), a hash for every file, pip and setuptools included.
+PIP_COMPILE := env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(LOCK_VENV)/bin/pip-compile --quiet \
+	--generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links $(LOCK_FLAGS)
+lock:
+	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
+	test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON312) -m venv $(LOCK_VENV) && \
+		$(LOCK_VENV)/bin/pip install -q pip==26.3 pip-tools==7.6.2; }
+	grep -v '^-c requirements.lock' requirements.txt | $(PIP_COMPILE) --output-file requirements.lock -
+	cd trainer && $(PIP_COMPILE) --output-file requirements.lock requirements-image.in
+	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt

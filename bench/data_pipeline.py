@@ -23,17 +23,18 @@ import time
 
 import numpy as np
 
+from bench import h200
 from bench import inputs as inputs_lib
 from bench.baseline import tokenize_row
 from bench.stats import mib
 from trainer import data as data_lib
+from trainer import flops, hardware, models
 from trainer.prepare import prepare
 
 _MB = 10**6
 PREPARE_SCALING_MB = {"full": 128, "quick": 16}
 PREPARE_MEMORY_MB = {"full": 2000, "quick": 64}
 LOADER_BATCHES = {"full": 50, "quick": 10}
-FILL_BATCHES = {"full": 20, "quick": 5}
 # Rows x sequence of the packing fill report: the tutorial's batch and sequence.
 FILL_SHAPE = (128, 256)
 
@@ -67,6 +68,13 @@ def prepare_scaling(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megab
         shutil.rmtree(output)
 
 
+# Runs argv[1:] and prints the child's peak RSS in KiB (Linux).
+_PEAK_RSS_OF_CHILD = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
 def prepare_memory(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megabytes: int) -> None:
     text = repeated_text(inputs.corpus_path, workdir / f"text-{megabytes}MB.txt", megabytes)
     output = workdir / f"prepared-{megabytes}MB"
@@ -74,15 +82,17 @@ def prepare_memory(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megaby
     command = [sys.executable, "-m", "trainer.prepare", "--input", str(text), "--tokenizer", inputs.tokenizer.path,
                "--output", str(output)]
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
+    # A child forked from this (large, JAX-holding) process would count our pages in its peak RSS
+    # until it execs; a small Python in between forks the measured command from a small image.
+    measured = subprocess.run([sys.executable, "-c", _PEAK_RSS_OF_CHILD, *command], capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"python -m trainer.prepare failed on {text} (exit {os.waitstatus_to_exitcode(status)})")
+    if measured.returncode != 0:
+        raise SystemExit(f"python -m trainer.prepare failed on {text} (exit {measured.returncode}): {measured.stderr.strip()}")
     output_bytes = sum(f.stat().st_size for f in output.iterdir())
     size = text.stat().st_size
     print(f"[prepare memory] python -m trainer.prepare (default workers) on {size / _MB:,.0f} MB: peak RSS "
-          f"{mib(usage.ru_maxrss * 1024)}, {size / _MB / seconds:.1f} MB/s, {seconds:.0f} s, output {output_bytes / _MB:,.0f} MB")
+          f"{mib(int(measured.stdout.split()[-1]) * 1024)}, {size / _MB / seconds:.1f} MB/s, {seconds:.0f} s, "
+          f"output {output_bytes / _MB:,.0f} MB")
     shutil.rmtree(output)
 
 
@@ -97,26 +107,49 @@ def loader_throughput(data: data_lib.TokenizedData, *, seq_len: int, batch_size:
 
 
 def loader_vs_step(inputs: inputs_lib.BenchInputs, step_seconds: dict[str, tuple[int, int, float]], batches: int) -> None:
-    """`step_seconds`: config name -> (seq_len, batch_size, median step time of ours)."""
+    """`step_seconds`: config name -> (seq_len, batch_size, median step time of ours). Also what an H200 at the
+    issue's MFU target would consume on Gemma 3 270M at the tutorial's shape, against this loader on this CPU."""
     print("[loader] trainer.data.batches on one thread, against one train step of ours on the same shape")
     for name, (seq_len, batch_size, step_time) in step_seconds.items():
         per_batch = loader_throughput(inputs.data, seq_len=seq_len, batch_size=batch_size, batches=batches)
         print(f"  {name} (seq_len {seq_len}, batch {batch_size}): {1 / per_batch:8.1f} batches/s "
               f"({batch_size * seq_len / per_batch:,.0f} positions/s), step {step_time * 1e3:.0f} ms: "
               f"loader {step_time / per_batch:,.0f}x faster than the step")
+    batch_size, seq_len = FILL_SHAPE
+    per_batch = loader_throughput(inputs.data, seq_len=seq_len, batch_size=batch_size, batches=batches)
+    gemma = models.model_config("gemma3-270m", vocab_size=inputs.tokenizer.vocab_size)
+    needed = h200.TARGET_MFU * hardware.peak_bf16_flops("NVIDIA H200") / flops.training_flops_per_token(gemma, seq_len)
+    made = batch_size * seq_len / per_batch
+    print(f"  Gemma 3 270M on an H200 at {h200.TARGET_MFU:.0%} MFU (seq_len {seq_len}) would consume {needed:,.0f} positions/s; "
+          f"this loader makes {made:,.0f} at batch {batch_size}: {made / needed:.1f}x")
 
 
-def packing_fill(inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int, batches: int) -> None:
-    iterator = data_lib.batches(inputs.data, seq_len=seq_len, global_batch_size=batch_size, seed=0, prefetch=False)
-    fills = [float(np.mean(next(iterator)["loss_mask"])) for _ in range(batches)]
+def _fill(batches) -> float:
+    filled = positions = 0
+    for batch in batches:
+        filled += int(batch["loss_mask"].sum())
+        positions += batch["loss_mask"].size
+    return filled / positions
+
+
+def packing_fill(inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int) -> None:
+    """Ours over one finite pass (its last batches pad the streams that ran out), and in the steady state of a long
+    run (the second epoch of an endless stream: the first one's opening batches only emit rows that happen to fill)."""
+    epoch = data_lib.steps_per_epoch(inputs.data, seq_len=seq_len, global_batch_size=batch_size)
+    one_pass = _fill(data_lib.batches(inputs.data, seq_len=seq_len, global_batch_size=batch_size, seed=0, epochs=1,
+                                      prefetch=False))
+    endless = data_lib.batches(inputs.data, seq_len=seq_len, global_batch_size=batch_size, seed=0, prefetch=False)
+    for _ in range(epoch):
+        next(endless)
+    steady = _fill(next(endless) for _ in range(epoch))
     documents = inputs.documents()
     rows, cut = zip(*(tokenize_row(inputs.tokenizer, text, seq_len) for text in documents))
     targets = np.stack(rows)[:, 1:]
     one_per_row = float(np.mean(targets != inputs.tokenizer.pad_id))
     kept = 1 - sum(cut) / (sum(cut) + np.count_nonzero(targets != inputs.tokenizer.pad_id))
-    print(f"[packing fill] seq_len {seq_len}, batch {batch_size}: ours {statistics.mean(fills):.1%} of positions train "
-          f"(min {min(fills):.1%} over {batches} batches); one document per row {one_per_row:.1%}, "
-          f"and it truncates {1 - kept:.1%} of the corpus's tokens away")
+    print(f"[packing fill] seq_len {seq_len}, batch {batch_size}: share of positions that train: ours {steady:.1%} "
+          f"in a long run, {one_pass:.1%} over one pass of {epoch} batches ({inputs.data.documents // batch_size} documents "
+          f"per stream); one document per row {one_per_row:.1%}, which also truncates {1 - kept:.1%} of the tokens away")
 
 
 def run(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, *, quick: bool, step_seconds) -> None:
@@ -124,7 +157,7 @@ def run(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, *, quick: bool, s
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"  {inputs_lib.length_distribution(inputs, FILL_SHAPE[1])}")
     batch_size, seq_len = FILL_SHAPE
-    packing_fill(inputs, seq_len=seq_len, batch_size=batch_size, batches=FILL_BATCHES[mode])
+    packing_fill(inputs, seq_len=seq_len, batch_size=batch_size)
     loader_vs_step(inputs, step_seconds, LOADER_BATCHES[mode])
     prepare_scaling(inputs, workdir, PREPARE_SCALING_MB[mode])
     prepare_memory(inputs, workdir, PREPARE_MEMORY_MB[mode])

@@ -159,6 +159,10 @@ def parse_mesh(text: str) -> dict[str, int]:
     return mesh
 
 
+def format_mesh(sizes: dict[str, int]) -> str:
+    return ",".join(f"{axis}={size}" for axis, size in sizes.items())
+
+
 class _Parser(argparse.ArgumentParser):
     """Reports a bad flag as a UserError (one line, exit USER_ERROR) instead of usage text."""
 
@@ -177,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     add = parser.add_argument
     add("--model", choices=MODEL_NAMES, help=f"model to fine-tune (default {d.model})")
-    add("--weights", help="initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default official)")
+    add("--weights", help=f"initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
     add("--data", help="a raw text file (documents separated by <|endoftext|>) or a directory made by python -m trainer.prepare")
     add("--seq-len", type=_positive_int, help=f"tokens per packed row (default {d.seq_len})")
@@ -189,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--warmup-steps", type=_non_negative_int, help=f"linear warmup steps (default {d.warmup_steps})")
     add("--weight-decay", type=_non_negative_float, help=f"AdamW weight decay on matrices (default {d.weight_decay})")
     add("--grad-clip", type=_positive_float, help=f"clip gradients to this global norm (default {d.grad_clip})")
-    add("--lora-rank", type=_non_negative_int, help="LoRA rank; 0 = full fine-tune (default 0)")
+    add("--lora-rank", type=_non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
     add("--eval-fraction", type=_fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")
     add("--eval-interval", type=_positive_int, help=f"steps between evaluations (default {d.eval_interval})")
     add("--checkpoint-dir", help="Orbax checkpoints, a local directory or gs:// path; a run resumes from its latest (default WORKDIR/checkpoints)")
@@ -203,11 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tensorboard-dir", help="TensorBoard event directory (default WORKDIR/tensorboard)")
     add("--profile-port", type=_positive_int, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
     add("--profile-dir", help="write a profiler trace of a few early steps here")
-    add("--mesh", type=parse_mesh, help="device mesh axis sizes, -1 fills (default data=-1,fsdp=1)")
+    add("--mesh", type=parse_mesh, help=f"device mesh axis sizes, -1 fills (default {format_mesh(d.mesh)})")
     add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
     add("--num-processes", type=_positive_int, help=f"number of processes (env {DISTRIBUTED_ENV['num_processes']})")
     add("--process-id", type=_non_negative_int, help=f"this process's index (env {DISTRIBUTED_ENV['process_id']})")
-    add("--samples", action=argparse.BooleanOptionalAction, help="print sample generations from fixed prompts before and after training (default on)")
+    add("--samples", action=argparse.BooleanOptionalAction, help=f"print sample generations from fixed prompts before and after training (default {'on' if d.samples else 'off'})")
     return parser
 
 
@@ -235,7 +239,7 @@ def _yaml_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
                 raise UserError(f"--config {path}: samples expects true or false, got {value!r}")
             argv.append(flag if value else "--no-samples")
         elif key == "mesh" and isinstance(value, dict):
-            argv += [flag, ",".join(f"{axis}={size}" for axis, size in value.items())]
+            argv += [flag, format_mesh(value)]
         elif value is not None:
             argv += [flag, str(value)]
     return argv

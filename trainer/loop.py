@@ -10,6 +10,7 @@ import json
 import math
 import pathlib
 import signal
+import sys
 import time
 
 import jax
@@ -114,7 +115,7 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
                               mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype)
 
     with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
-                         is_main_process=is_main, start_step=start_step + 1) as reporter:
+                         is_main_process=is_main, start_step=start_step + 1, stream=sys.stdout) as reporter:
         if resume_step is not None:
             reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}")
         forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype, bool(config.lora_rank))  # noqa: E731

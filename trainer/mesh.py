@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from trainer.config import format_mesh
 from trainer.errors import UserError
 
 BATCH_AXES = ("data", "fsdp")
@@ -81,15 +82,11 @@ def resolve_axis_sizes(requested: Mapping[str, int], device_count: int) -> dict[
     for axis, size in requested.items():
         if size == -1:
             if device_count % fixed:
-                raise UserError(f"--mesh {_describe(requested)}: {device_count} devices do not divide by {fixed}")
+                raise UserError(f"--mesh {format_mesh(requested)}: {device_count} devices do not divide by {fixed}")
             sizes[axis] = device_count // fixed
     if math.prod(sizes.values()) != device_count:
-        raise UserError(f"--mesh {_describe(requested)}: needs {math.prod(sizes.values())} devices, this job has {device_count}")
+        raise UserError(f"--mesh {format_mesh(requested)}: needs {math.prod(sizes.values())} devices, this job has {device_count}")
     return sizes
-
-
-def _describe(sizes: Mapping[str, int]) -> str:
-    return ",".join(f"{axis}={size}" for axis, size in sizes.items())
 
 
 def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -> Mesh:
@@ -99,7 +96,7 @@ def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -
     if slices == 1:
         return Mesh(mesh_utils.create_device_mesh(shape, devices), BATCH_AXES)
     if sizes["data"] % slices:
-        raise UserError(f"--mesh {_describe(sizes)}: the data axis must be a multiple of the {slices} slices")
+        raise UserError(f"--mesh {format_mesh(sizes)}: the data axis must be a multiple of the {slices} slices")
     ici_shape = (sizes["data"] // slices, sizes["fsdp"])
     dcn_shape = (slices, 1)
     # TPU devices know their slice; elsewhere (CPU tests emulating slices) each process stands for one.

@@ -124,3 +124,9 @@ def test_official_weights_are_the_gemma_packages_pretrained_checkpoints(name, pa
 def test_weights_path_without_a_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match=f"--weights {tmp_path}/missing: no checkpoint there"):
         models.load_weights(str(tmp_path / "missing"), flag="--weights", expected={}, out_shardings=None)
+
+
+def test_gemma3_270m_builds_with_its_published_parameter_count():
+    config = models.model_config("gemma3-270m", vocab_size=262_144)
+    shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes)) == 268_098_176  # REFERENCE 4

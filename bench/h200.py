@@ -25,6 +25,7 @@ from bench import throughput
 from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
+from bench.stats import mib
 from trainer import flops, models
 
 SEQ_LENS = (256, 1024)
@@ -101,6 +102,8 @@ def run(model_config, inputs, *, seq_len: int, plan: Plan, batch_size: int | Non
         sides.append(fitted_side(name, model_config, inputs, seq_len=seq_len, batch_size=batch, budget=budget))
     results = throughput.measure(sides, plan.schedule, log=lambda line: None)
     throughput.report(sides, results, flops_per_token=flops.training_flops_per_token(model_config, seq_len))
+    peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    print(f"  device peak memory so far (both sides): {mib(peak)}")
     for side in sides:
         side.close()
 
@@ -111,6 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, help="one global batch for both sides instead of the largest that fits")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="where the generated inputs are cached")
     args = parser.parse_args(argv)
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     start = time.perf_counter()
     if not args.dry_run and jax.default_backend() != "gpu":
         print(f"error: no GPU (JAX backend {jax.default_backend()!r}); install jax with its CUDA plugin, or pass --dry-run",

@@ -12,11 +12,6 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def children_peak_rss_bytes() -> int:
-    """Peak resident memory of the largest child process waited for so far."""
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-
-
 def spread(values: list[float]) -> float:
     """(max - min) / median: how far apart the repeats were."""
     return (max(values) - min(values)) / statistics.median(values)

@@ -22,7 +22,7 @@ from bench import inputs as inputs_lib
 from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
-from bench.stats import Repeats, mib, spread
+from bench.stats import Repeats, mib, peak_rss_bytes, spread
 from trainer import flops, hardware, models
 from trainer.config import PRESET_VALUES, TrainConfig
 
@@ -127,6 +127,7 @@ def run(config: BenchConfig, inputs: inputs_lib.BenchInputs, schedule: Schedule,
     sides = build_sides(config, inputs, seq_len=config.seq_len, batch_size=config.batch_size, what_if_dtypes=what_if_dtypes)
     results = measure(sides, schedule, log=lambda line: print(line, flush=True))
     report(sides, results, flops_per_token=flops.training_flops_per_token(model_config, config.seq_len))
+    print(f"  process peak RSS so far (all sides, inputs, compilers): {mib(peak_rss_bytes())}")
     for side in sides:
         side.close()
     return results

@@ -10,6 +10,7 @@ An invalid config exits with code 2 and its one-line message.
 """
 
 import argparse
+import asyncio
 import json
 import runpy
 import sys
@@ -125,6 +126,8 @@ def preview(values: dict[str, Any], stack: str) -> StackPreview:
     Raises ConfigError for an invalid config."""
     monitor = _RecordingMonitor(_CloudPlaceholders(str(values.get("gcp:project", PLACEHOLDER_PROJECT))))
     settings.set_root_resource(None)  # set_mocks then starts a fresh stack, without earlier runs' exports
+    # Pulumi runs on the current event loop; an earlier asyncio.run() in this process (Orbax, grain) leaves none.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=True, monitor=monitor)
     # The engine hands the program each value as a string, mappings as JSON.
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}, [])

@@ -1,6 +1,7 @@
 """Fixtures for the workload tests: stack configs (shipped or edited), run specs, a Pulumi mock
 runtime that records registrations, and the strict schema validators."""
 
+import asyncio
 import os
 import pathlib
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ def pulumi_mocks() -> Callable[[Callable[[], Any]], list[Registration]]:
     def run(program: Callable[[], Any]) -> list[Registration]:
         recorder = _Recorder(_EchoMocks())
         settings.set_root_resource(None)  # a fresh root stack per run
+        asyncio.set_event_loop(asyncio.new_event_loop())  # earlier tests' asyncio.run() leave none current
         pulumi.runtime.set_mocks(recorder.mocks, project="gemma-tpu", stack="test", preview=False, monitor=recorder)
         pulumi.runtime.test(lambda: pulumi.Output.from_input(program()))()
         return recorder.registrations

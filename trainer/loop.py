@@ -117,7 +117,8 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
     with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
                          is_main_process=is_main, start_step=start_step + 1, stream=sys.stdout) as reporter:
         if resume_step is not None:
-            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}")
+            done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
+            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}{done}")
         forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype, bool(config.lora_rank))  # noqa: E731
         if config.samples:
             reporter.text("samples/before", start_step, sampling.sample_text(model, forward_params(state), inputs.tokenizer))

@@ -71,11 +71,6 @@ class Checkpointer:
         self._manager.close()
 
 
-def abstract_like(tree):
-    """ShapeDtypeStructs (with shardings) describing `tree`, the target layout of a restore."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
 def export_params(params, path: str | pathlib.Path) -> str:
     """Writes params where `gm.ckpts.load_params(path)` reads them (overwriting an earlier export)."""
     path = absolute_path(path)

@@ -109,10 +109,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, PartitionSpec())
-
-
 def fsdp_spec(shape: tuple[int, ...], fsdp_size: int) -> PartitionSpec:
     """Splits the largest axis that `fsdp_size` divides, for arrays worth splitting."""
     if fsdp_size == 1 or math.prod(shape) < MIN_FSDP_ELEMENTS:

@@ -137,11 +137,6 @@ def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | No
     return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree), donate_argnums=0)(params)
 
 
-def split_lora(params: Params) -> tuple[Params, Params]:
-    """(base, adapters)."""
-    return peft.split_params(params)
-
-
 def join_lora(base: Params, adapters: Params) -> Params:
     return peft.merge_params(base, adapters)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import grain
 import jax
@@ -18,6 +19,19 @@ from jax.experimental import multihost_utils
 from gemma import gm
 
 from trainer.errors import UserError
+
+# What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
+# mismatch or damaged tensor data (ValueError), a missing item (KeyError), a missing file (OSError).
+_UNREADABLE = (ValueError, KeyError, OSError)
+
+
+def print_warning(message: str) -> None:
+    print(f"trainer: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:200]
 
 
 def absolute_path(path: str | pathlib.Path) -> epath.Path:
@@ -49,22 +63,37 @@ class Checkpointer:
             force=True,
         )
 
-    def restore(self, step: int, abstract_state, data_iterator):
-        """The state at `step` laid out like `abstract_state` (ShapeDtypeStructs with shardings); moves
-        `data_iterator` to the batch after that step."""
-        try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
-                ),
-            )
-        except ValueError as error:  # a tree or shape mismatch: the checkpoint is of another run
-            raise UserError(
-                f"--checkpoint-dir {self.directory}: its step {step} does not fit this run (another --model, --lora-rank "
-                f"or tokenizer?): {str(error).splitlines()[0][:200]}; use a new --workdir or --checkpoint-dir"
-            ) from None
-        return restored["state"]
+    def restore_latest(self, abstract_state, data_iterator, *, warn=print_warning) -> tuple[int, object]:
+        """(step, state) of the newest checkpoint that reads back, laid out like `abstract_state`
+        (ShapeDtypeStructs with shardings); moves `data_iterator` to the batch after that step.
+
+        Orbax restores only the step it is given, so a latest checkpoint that a crash or a full disk
+        left damaged would stop every restart. Each one that fails to read is reported through `warn`
+        and deleted (its step is trained and saved again), and the one before it is tried.
+        """
+        failures = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                restored = self._manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
+                    ),
+                )
+            except _UNREADABLE as error:
+                failures.append(f"step {step}: {_first_line(error)}")
+                continue
+            for failure in failures:
+                warn(f"--checkpoint-dir {self.directory}: cannot restore {failure}; deleted it, resuming from step {step}")
+            for damaged in self._manager.all_steps():
+                if damaged > step:
+                    self._manager.delete(damaged)
+            return step, restored["state"]
+        raise UserError(
+            f"--checkpoint-dir {self.directory}: no checkpoint there restores into this run ({'; '.join(failures)}); "
+            "they are damaged or of another run (another --model, --lora-rank or tokenizer?): "
+            "use a new --workdir or --checkpoint-dir"
+        )
 
     def close(self) -> None:
         self._manager.wait_until_finished()

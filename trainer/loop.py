@@ -6,6 +6,7 @@ Read it in order: `train()` calls the helpers below it in the order a run needs 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import pathlib
@@ -101,8 +102,7 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
         start_step = 0
     else:
         abstract = _abstract_state(trained, optimizer, shard)
-        state = checkpointer.restore(resume_step, abstract, train_batches)
-        start_step = resume_step
+        start_step, state = checkpointer.restore_latest(abstract, train_batches)
 
     model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
     per_device_tokens = config.batch_size * config.seq_len // device_mesh.size
@@ -159,6 +159,15 @@ def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     data = data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"))
     return Inputs(data=data, tokenizer=tokenizer, data_source=data_source, tokenizer_path=tokenizer_path)
+
+
+def batch_digest(local_batch: dict) -> str:
+    """A short digest of a batch's rows (this process's share): equal digests in two runs' metrics
+    mean the step trained on the same data, e.g. after a resume."""
+    digest = hashlib.sha256()
+    for key in sorted(local_batch):
+        digest.update(key.encode() + local_batch[key].tobytes())
+    return digest.hexdigest()[:12]
 
 
 def _check_batch(config: TrainConfig, device_mesh) -> None:
@@ -279,6 +288,7 @@ class _StepLoop:
             report = {}
             if due_log:
                 report = {"loss": values["loss"], "learning_rate": float(self.schedule(step_number - 1)), "grad_norm": values["grad_norm"]}
+                report["batch"] = batch_digest(local_batch)
                 report.update(throughput.measure())
                 final = {"step": step_number, **report}
             if due_eval:

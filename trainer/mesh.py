@@ -95,12 +95,19 @@ def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -
     shape = tuple(sizes[axis] for axis in BATCH_AXES)
     if slices == 1:
         return Mesh(mesh_utils.create_device_mesh(shape, devices), BATCH_AXES)
+    # TPU devices know their slice. Elsewhere (CPU tests emulating slices) every device reports slice 0,
+    # so each process stands for one slice.
+    process_is_granule = devices[0].platform != "tpu"
+    processes = len({device.process_index for device in devices})
+    if process_is_granule and processes != slices:
+        raise UserError(
+            f"environment variable MEGASCALE_NUM_SLICES={slices}: off TPU each process emulates one slice, "
+            f"this job has {processes} processes"
+        )
     if sizes["data"] % slices:
         raise UserError(f"--mesh {format_mesh(sizes)}: the data axis must be a multiple of the {slices} slices")
     ici_shape = (sizes["data"] // slices, sizes["fsdp"])
     dcn_shape = (slices, 1)
-    # TPU devices know their slice; elsewhere (CPU tests emulating slices) each process stands for one.
-    process_is_granule = not hasattr(devices[0], "slice_index")
     device_array = mesh_utils.create_hybrid_device_mesh(ici_shape, dcn_shape, devices, process_is_granule=process_is_granule)
     return Mesh(device_array, BATCH_AXES)
 

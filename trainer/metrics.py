@@ -91,11 +91,13 @@ class MetricsReporter:
         total_steps: int,
         tensorboard_dir: str | None,
         is_main_process: bool = True,
-        stream=sys.stdout,
+        stream=None,
         start_step: int = 0,
         clock=time.monotonic,
     ):
         self._total_steps = total_steps
+        # Looked up per reporter, not at import: sys.stdout may be replaced (pytest capture, redirection).
+        stream = sys.stdout if stream is None else stream
         self._stream = stream
         self._clock = clock
         self._is_main_process = is_main_process

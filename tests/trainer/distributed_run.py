@@ -1,0 +1,46 @@
+"""`python -m tests.trainer.distributed_run RECORD.json TRAINER_ARGS...`: the real trainer CLI, plus a record.
+
+The distributed tests launch this in each local process. It runs `trainer.__main__.main` unchanged
+and writes to RECORD.json what that process saw: the job's devices, the mesh (which process holds
+each device) and the rows of every batch it fed to the train step. It exits with the trainer's code.
+"""
+
+import json
+import pathlib
+import sys
+
+import jax
+
+from trainer import __main__ as cli
+from trainer import mesh
+
+
+def main(record_path: str, trainer_args: list[str]) -> int:
+    record = {"batches": []}
+    build_mesh, global_batch = mesh.build_mesh, mesh.global_batch
+
+    def recording_build_mesh(*args, **kwargs):
+        device_mesh = build_mesh(*args, **kwargs)
+        record.update(
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            device_count=jax.device_count(),
+            local_device_count=jax.local_device_count(),
+            mesh_axes=list(device_mesh.axis_names),
+            mesh_processes=[[device.process_index for device in row] for row in device_mesh.devices],
+        )
+        return device_mesh
+
+    def recording_global_batch(local_batch, device_mesh):
+        record["batches"].append(local_batch["input_tokens"].tolist())
+        return global_batch(local_batch, device_mesh)
+
+    mesh.build_mesh, mesh.global_batch = recording_build_mesh, recording_global_batch
+    try:
+        return cli.main(trainer_args)
+    finally:
+        pathlib.Path(record_path).write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -1,0 +1,191 @@
+"""Several local processes as one job: the real trainer CLI (`tests/trainer/distributed_run.py` around
+`python -m trainer`) on the tiny model, 2 CPU devices per process, compared with 1 process x 4 devices.
+
+The runs are module fixtures shared by the tests. They start from the same weights (`--weights`, drawn
+with numpy: jitting the model's own init costs ~15 s of compilation on 2 cores) and share a JAX
+compilation cache, so that a run spends its seconds on training rather than on compiling what an
+earlier run already compiled.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from gemma import gm
+
+from tests.trainer.test_train import tiny_args
+from trainer import checkpoint, exitcodes, models
+from trainer.metrics import read_metrics
+from trainer.tokenizer import load_tokenizer
+from workloads.__main__ import render_spec
+
+REPO = pathlib.Path(__file__).parents[2]
+DEVICES = 4
+STEPS = 12
+# FSDP over all 4 devices: every process holds (and checkpoints) only its half of each large array.
+FSDP_MESH = "data=1,fsdp=4"
+# Other processes, other float32 reduction orders: AdamW turns tiny gradient differences into
+# differences of up to a few tenths of a percent of how far a weight moved (observed: 0.27%).
+RELATIVE_TOLERANCE = 0.01
+RUN_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass
+class Run:
+    workdir: pathlib.Path
+    records: list[dict]  # one per process, written by distributed_run
+    stderr: list[str]
+
+    @property
+    def params(self):
+        return gm.ckpts.load_params(self.workdir / "export" / "params")
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in read_metrics(self.workdir / "metrics.jsonl") if "loss" in r}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+class Job:
+    """`processes` local trainer processes forming one JAX job, DEVICES CPU devices in all."""
+
+    def __init__(self, workdir, processes: int, trainer_args: list[str], *, cache_dir, env=None):
+        self.workdir = pathlib.Path(workdir)
+        port = _free_port()
+        environment = {
+            **os.environ, **(env or {}),
+            "PYTHONPATH": str(REPO),
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES // processes}",
+            "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        }  # fmt: skip
+        self.record_paths = [self.workdir.with_name(f"{self.workdir.name}.process{i}.json") for i in range(processes)]
+        self.processes = []
+        for index, record in enumerate(self.record_paths):
+            distributed = ["--coordinator-address", f"localhost:{port}", "--num-processes", str(processes),
+                           "--process-id", str(index)] if processes > 1 else []  # fmt: skip
+            command = [sys.executable, "-m", "tests.trainer.distributed_run", str(record), *trainer_args, *distributed]
+            self.processes.append(subprocess.Popen(command, cwd=REPO, env=environment, text=True,
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
+
+    def wait(self, expected_code: int = exitcodes.OK) -> Run:
+        stderr = [process.communicate(timeout=RUN_TIMEOUT_S)[1] for process in self.processes]
+        for index, (process, text) in enumerate(zip(self.processes, stderr)):
+            assert process.returncode == expected_code, f"process {index}: exit {process.returncode}\n{text[-3000:]}"
+        return Run(self.workdir, [json.loads(path.read_text()) for path in self.record_paths], stderr)
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory, prepared_dir, tokenizer_path):
+    """launch(name, processes, *flags, env=None) -> Job, all runs from the same random init."""
+    root = tmp_path_factory.mktemp("distributed")
+    config = models.tiny_config(load_tokenizer(str(tokenizer_path)).vocab_size)
+    rng = np.random.default_rng(0)
+    shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    initial = jax.tree.map(lambda leaf: (0.02 * rng.standard_normal(leaf.shape)).astype(leaf.dtype), shapes)
+    weights = checkpoint.export_params(initial, root / "init")
+
+    def start(name, processes, *flags, env=None) -> Job:
+        args = tiny_args(root / name, prepared_dir, tokenizer_path, "--weights", weights, "--steps", str(STEPS),
+                         "--lr", "3e-3", "--eval-fraction", "0", "--no-samples", "--log-interval", "1",
+                         "--checkpoint-interval", "1000", *flags)  # fmt: skip
+        return Job(root / name, processes, args, cache_dir=root / "jax_cache", env=env)
+
+    start.initial_params = initial
+    return start
+
+
+@pytest.fixture(scope="module")
+def one_process(launch) -> Run:
+    return launch("one_process", 1, "--mesh", FSDP_MESH).wait()
+
+
+@pytest.fixture(scope="module")
+def two_processes(launch) -> Run:
+    return launch("two_processes", 2, "--mesh", FSDP_MESH).wait()
+
+
+def _max_difference(a, b) -> float:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _assert_same_training(run: Run, reference: Run, initial_params) -> None:
+    """The same parameters (and losses) as the reference after STEPS steps."""
+    moved, difference = _max_difference(reference.params, initial_params), _max_difference(run.params, reference.params)
+    print(f"{run.workdir.name}: parameters differ by at most {difference:.2e}, {difference / moved:.2%} of the largest move")
+    assert difference <= RELATIVE_TOLERANCE * moved
+    assert sorted(run.losses) == list(range(1, STEPS + 1))
+    assert run.losses == pytest.approx(reference.losses, abs=1e-5)
+
+
+def _assert_each_process_fed_its_half_of_the_global_batches(run: Run, reference: Run) -> None:
+    (whole,) = [record["batches"] for record in reference.records]
+    first, second = [record["batches"] for record in run.records]
+    assert len(first) == len(second) == len(whole) == STEPS
+    for step_rows, rows_0, rows_1 in zip(whole, first, second):
+        assert rows_0 + rows_1 == step_rows  # process p holds rows [p*B/2, (p+1)*B/2) of the global batch
+        assert not {tuple(row) for row in rows_0} & {tuple(row) for row in rows_1}
+
+
+def test_two_processes_see_four_devices_read_disjoint_rows_and_train_like_one(one_process, two_processes, launch):
+    for index, record in enumerate(two_processes.records):
+        assert (record["process_index"], record["process_count"]) == (index, 2)
+        assert (record["device_count"], record["local_device_count"]) == (DEVICES, DEVICES // 2)
+    assert one_process.records[0]["device_count"] == DEVICES
+    _assert_each_process_fed_its_half_of_the_global_batches(two_processes, one_process)
+    _assert_same_training(two_processes, one_process, launch.initial_params)
+
+
+def test_two_emulated_slices_put_data_parallelism_on_dcn_and_train_like_one_process(one_process, launch):
+    # The slice count as the multislice stack's workload hands it to the trainer.
+    slices_env = {"MEGASCALE_NUM_SLICES": render_spec("multislice").trainer_env["MEGASCALE_NUM_SLICES"]}
+    slices = int(slices_env["MEGASCALE_NUM_SLICES"])
+    assert slices == 2
+    run = launch("two_slices", slices, "--mesh", f"data={slices},fsdp=-1", env=slices_env).wait()
+    for record in run.records:
+        assert record["mesh_axes"] == ["data", "fsdp"]
+        # Along data (DCN): one slice (here a process) per index; along fsdp (ICI): one slice only.
+        assert [set(row) for row in record["mesh_processes"]] == [{slice_index} for slice_index in range(slices)]
+    _assert_each_process_fed_its_half_of_the_global_batches(run, one_process)
+    _assert_same_training(run, one_process, launch.initial_params)
+
+
+def _checkpointed_steps(run_dir: pathlib.Path) -> list[int]:
+    return sorted(int(path.name) for path in (run_dir / "checkpoints").iterdir() if path.name.isdigit())
+
+
+def test_sigterm_to_one_process_checkpoints_both_at_one_step_and_the_relaunch_finishes_like_a_straight_run(
+    two_processes, launch
+):
+    job = launch("preempted", 2, "--mesh", FSDP_MESH)
+    metrics = job.workdir / "metrics.jsonl"
+    while all(p.poll() is None for p in job.processes) and not (metrics.exists() and read_metrics(metrics)):
+        time.sleep(0.1)
+    job.processes[1].send_signal(signal.SIGTERM)  # process 1 only; process 0 learns it from the job
+    preempted = job.wait(exitcodes.RETRY)
+    (step,) = _checkpointed_steps(job.workdir)
+    assert 1 <= step < STEPS
+    for text in preempted.stderr:
+        assert f"preempted: checkpointed step {step}, restart to resume" in text
+
+    resumed = launch("preempted", 2, "--mesh", FSDP_MESH).wait()
+    assert _checkpointed_steps(job.workdir) == [step, STEPS]
+    assert [len(record["batches"]) for record in resumed.records] == [STEPS - step] * 2
+    assert _max_difference(resumed.params, two_processes.params) == 0
+    assert resumed.losses == pytest.approx(two_processes.losses, abs=1e-6)

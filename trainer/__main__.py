@@ -12,13 +12,22 @@ def main(argv=None) -> int:
         from trainer.config import parse_config
 
         config = parse_config(argv)
-        from trainer import loop  # JAX and gemma load only once the flags are known to be good
+        import jax  # JAX and gemma load only once the flags are known to be good
+
+        from trainer import loop
 
         try:
             loop.train(config)
         except loop.Preempted as preempted:
             print(f"trainer: {preempted}", file=sys.stderr)
             return exitcodes.RETRY
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            raise UserError(
+                f"out of device memory ({str(error).splitlines()[0][:200]}); lower --batch-size or --seq-len, "
+                "train adapters only with --lora-rank, or shard the state over more devices with --mesh fsdp=N"
+            ) from None
     except UserError as error:
         print(f"trainer: error: {error}", file=sys.stderr)
         return exitcodes.USER_ERROR

@@ -51,7 +51,8 @@ class Checkpointer:
                 item_names=("state", "data"),
             )
         except (OSError, ValueError) as error:
-            raise UserError(f"--checkpoint-dir {directory}: cannot use it ({error})") from None
+            reason = getattr(error, "strerror", None) or error  # an OSError's reason without its absolute path
+            raise UserError(f"--checkpoint-dir {directory}: cannot use it ({reason}); choose a directory this job can write") from None
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

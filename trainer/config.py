@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import pathlib
 from collections.abc import Sequence
@@ -116,13 +117,20 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 1 to 65535, got {text!r}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    if not 0 <= value < math.inf:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -205,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--config", help="YAML file whose keys are these flags' names with underscores; flags given here override it")
     add("--log-interval", type=_positive_int, help=f"steps between metric reports (default {d.log_interval})")
     add("--tensorboard-dir", help="TensorBoard event directory (default WORKDIR/tensorboard)")
-    add("--profile-port", type=_positive_int, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
+    add("--profile-port", type=_port, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
     add("--profile-dir", help="write a profiler trace of a few early steps here")
     add("--mesh", type=parse_mesh, help=f"device mesh axis sizes, -1 fills (default {format_mesh(d.mesh)})")
     add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
@@ -246,8 +254,9 @@ def _yaml_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _parse_yaml(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    argv = _yaml_argv(path, parser)  # its errors name the file already
     try:
-        return vars(parser.parse_args(_yaml_argv(path, parser)))
+        return vars(parser.parse_args(argv))
     except UserError as error:
         raise UserError(f"--config {path}: {error}") from None
 
@@ -274,9 +283,25 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     from_file = _parse_yaml(command_line.pop("config"), parser) if "config" in command_line else {}
     explicit = {**_environment_values(), **from_file, **command_line}
     preset = explicit.get("preset")
-    config = TrainConfig(**{**(PRESET_VALUES[preset] if preset else {}), **explicit})
+    preset_values = PRESET_VALUES[preset] if preset else {}
+    run_length = _run_length([preset_values, from_file, command_line])
+    config = TrainConfig(**{**preset_values, **explicit, **run_length})
     _check_consistency(config)
     return config
+
+
+def _run_length(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """--steps and --epochs are two ways to say how long to train: the highest layer that gives one
+    decides (an --epochs over a preset's steps trains epochs), and one layer giving both is a contradiction."""
+    for layer in reversed(layers):
+        if "steps" in layer and "epochs" in layer:
+            raise UserError(f"--steps {layer['steps']} and --epochs {layer['epochs']} contradict each other: "
+                            "give --steps (a number of steps) or --epochs (passes over the data), not both")
+        if "epochs" in layer:
+            return {"steps": None}
+        if "steps" in layer:
+            return {}
+    return {}
 
 
 def _check_consistency(config: TrainConfig) -> None:

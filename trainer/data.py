@@ -343,7 +343,7 @@ def _plan(data, *, seq_len, global_batch_size, seed, split, eval_fraction, epoch
         raise UserError(f"sequence length {seq_len} and batch size {global_batch_size}: both must be at least 1")
     documents = _split(data, split, eval_fraction)
     if split == "train" and len(documents) < global_batch_size:
-        raise UserError(f"--data {data.path}: {len(documents)} training documents cannot fill "
+        raise UserError(f"--batch-size {global_batch_size}: {len(documents)} training documents cannot fill "
                         f"{global_batch_size} batch rows; lower the batch size or add documents")
     return _Plan(lengths=data.lengths, documents=documents, seq_len=seq_len, streams=global_batch_size, seed=seed,
                  shuffle=split == "train", epochs=1 if split == "eval" else epochs, bins=bins,

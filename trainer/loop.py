@@ -66,7 +66,10 @@ def train(config: TrainConfig) -> dict:
 def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(config.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"--workdir {config.workdir}: cannot use it ({error.strerror}); choose a directory this job can write") from None
     if config.profile_port:
         jax.profiler.start_server(config.profile_port)
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from gemma import gm, peft
 
+from trainer import checkpoint
 from trainer.errors import UserError
 
 Params = dict[str, Any]
@@ -123,7 +124,7 @@ def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | No
     vocabulary before training starts.
     """
     try:
-        params = gm.ckpts.load_params(path, text_only=True, sharding=out_shardings)
+        params = gm.ckpts.load_params(checkpoint.absolute_path(path), text_only=True, sharding=out_shardings)
     except (FileNotFoundError, ValueError):  # gemma raises ValueError for a directory without checkpoint metadata
         raise UserError(f"{flag} {path}: no checkpoint there (expected a directory written by gm.ckpts.save_params)") from None
     describe = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}  # noqa: E731

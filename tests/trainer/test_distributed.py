@@ -34,8 +34,10 @@ STEPS = 12
 # FSDP over all 4 devices: every process holds (and checkpoints) only its half of each large array.
 FSDP_MESH = "data=1,fsdp=4"
 # Other processes, other float32 reduction orders: AdamW turns tiny gradient differences into
-# differences of up to a few tenths of a percent of how far a weight moved (observed: 0.27%).
-RELATIVE_TOLERANCE = 0.01
+# differences of a fraction of a percent of how far a weight moved (observed: 0.29% for 2 processes,
+# 0.78% for 2 slices; losses within 1e-6). A missing all-reduce or a wrong row would be of the order
+# of the move itself.
+RELATIVE_TOLERANCE = 0.05
 RUN_TIMEOUT_S = 600
 
 
@@ -91,22 +93,31 @@ class Job:
 
 
 @pytest.fixture(scope="module")
-def launch(tmp_path_factory, prepared_dir, tokenizer_path):
-    """launch(name, processes, *flags, env=None) -> Job, all runs from the same random init."""
-    root = tmp_path_factory.mktemp("distributed")
+def runs_dir(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("distributed")
+
+
+@pytest.fixture(scope="module")
+def initial_weights(runs_dir, tokenizer_path):
+    """(path for --weights, params): small random weights of the tiny model, exported like a checkpoint."""
     config = models.tiny_config(load_tokenizer(str(tokenizer_path)).vocab_size)
     rng = np.random.default_rng(0)
     shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
-    initial = jax.tree.map(lambda leaf: (0.02 * rng.standard_normal(leaf.shape)).astype(leaf.dtype), shapes)
-    weights = checkpoint.export_params(initial, root / "init")
+    params = jax.tree.map(lambda leaf: (0.02 * rng.standard_normal(leaf.shape)).astype(leaf.dtype), shapes)
+    return checkpoint.export_params(params, runs_dir / "init"), params
+
+
+@pytest.fixture(scope="module")
+def launch(runs_dir, initial_weights, prepared_dir, tokenizer_path):
+    """launch(name, processes, *flags, env=None) -> Job: STEPS steps from the initial weights."""
+    weights, _ = initial_weights
 
     def start(name, processes, *flags, env=None) -> Job:
-        args = tiny_args(root / name, prepared_dir, tokenizer_path, "--weights", weights, "--steps", str(STEPS),
+        args = tiny_args(runs_dir / name, prepared_dir, tokenizer_path, "--weights", weights, "--steps", str(STEPS),
                          "--lr", "3e-3", "--eval-fraction", "0", "--no-samples", "--log-interval", "1",
                          "--checkpoint-interval", "1000", *flags)  # fmt: skip
-        return Job(root / name, processes, args, cache_dir=root / "jax_cache", env=env)
+        return Job(runs_dir / name, processes, args, cache_dir=runs_dir / "jax_cache", env=env)
 
-    start.initial_params = initial
     return start
 
 
@@ -143,16 +154,17 @@ def _assert_each_process_fed_its_half_of_the_global_batches(run: Run, reference:
         assert not {tuple(row) for row in rows_0} & {tuple(row) for row in rows_1}
 
 
-def test_two_processes_see_four_devices_read_disjoint_rows_and_train_like_one(one_process, two_processes, launch):
+def test_two_processes_see_four_devices_read_disjoint_rows_and_train_like_one(one_process, two_processes, initial_weights):
     for index, record in enumerate(two_processes.records):
         assert (record["process_index"], record["process_count"]) == (index, 2)
         assert (record["device_count"], record["local_device_count"]) == (DEVICES, DEVICES // 2)
+        assert [set(row) for row in record["mesh_processes"]] == [{0, 1}]  # fsdp spans both processes
     assert one_process.records[0]["device_count"] == DEVICES
     _assert_each_process_fed_its_half_of_the_global_batches(two_processes, one_process)
-    _assert_same_training(two_processes, one_process, launch.initial_params)
+    _assert_same_training(two_processes, one_process, initial_weights[1])
 
 
-def test_two_emulated_slices_put_data_parallelism_on_dcn_and_train_like_one_process(one_process, launch):
+def test_two_emulated_slices_put_data_parallelism_on_dcn_and_train_like_one_process(one_process, launch, initial_weights):
     # The slice count as the multislice stack's workload hands it to the trainer.
     slices_env = {"MEGASCALE_NUM_SLICES": render_spec("multislice").trainer_env["MEGASCALE_NUM_SLICES"]}
     slices = int(slices_env["MEGASCALE_NUM_SLICES"])
@@ -163,7 +175,17 @@ def test_two_emulated_slices_put_data_parallelism_on_dcn_and_train_like_one_proc
         # Along data (DCN): one slice (here a process) per index; along fsdp (ICI): one slice only.
         assert [set(row) for row in record["mesh_processes"]] == [{slice_index} for slice_index in range(slices)]
     _assert_each_process_fed_its_half_of_the_global_batches(run, one_process)
-    _assert_same_training(run, one_process, launch.initial_params)
+    _assert_same_training(run, one_process, initial_weights[1])
+
+
+def _assert_every_process_wrote_its_half(checkpoint_dir: pathlib.Path, *, processes: int) -> None:
+    """Orbax's multi-host layout: each process's array shards under state/ocdbt.process_I, its data
+    iterator position in data/process_I-of-N.json."""
+    shard_bytes = [sum(f.stat().st_size for f in (checkpoint_dir / "state" / f"ocdbt.process_{i}").rglob("*") if f.is_file())
+                   for i in range(processes)]  # fmt: skip
+    assert min(shard_bytes) > 0.9 * max(shard_bytes), shard_bytes  # FSDP over all devices: equal halves
+    for index in range(processes):
+        assert (checkpoint_dir / "data" / f"process_{index}-of-{processes}.json").is_file()
 
 
 def _checkpointed_steps(run_dir: pathlib.Path) -> list[int]:
@@ -183,6 +205,7 @@ def test_sigterm_to_one_process_checkpoints_both_at_one_step_and_the_relaunch_fi
     assert 1 <= step < STEPS
     for text in preempted.stderr:
         assert f"preempted: checkpointed step {step}, restart to resume" in text
+    _assert_every_process_wrote_its_half(job.workdir / "checkpoints" / str(step), processes=2)
 
     resumed = launch("preempted", 2, "--mesh", FSDP_MESH).wait()
     assert _checkpointed_steps(job.workdir) == [step, STEPS]

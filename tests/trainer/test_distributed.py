@@ -31,8 +31,8 @@ from workloads.__main__ import render_spec
 REPO = pathlib.Path(__file__).parents[2]
 DEVICES = 4
 STEPS = 12
-# FSDP over all 4 devices: every process holds (and checkpoints) only its half of each large array.
-FSDP_MESH = "data=1,fsdp=4"
+# FSDP over all devices: every process holds (and checkpoints) only its half of each large array.
+FSDP_MESH = f"data=1,fsdp={DEVICES}"
 # Other processes, other float32 reduction orders: AdamW turns tiny gradient differences into
 # differences of a fraction of a percent of how far a weight moved (observed: 0.29% for 2 processes,
 # 0.78% for 2 slices; losses within 1e-6). A missing all-reduce or a wrong row would be of the order
@@ -86,7 +86,12 @@ class Job:
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
 
     def wait(self, expected_code: int = exitcodes.OK) -> Run:
-        stderr = [process.communicate(timeout=RUN_TIMEOUT_S)[1] for process in self.processes]
+        try:
+            stderr = [process.communicate(timeout=RUN_TIMEOUT_S)[1] for process in self.processes]
+        finally:  # a process left hanging by a failed peer must not outlive the test
+            for process in self.processes:
+                if process.poll() is None:
+                    process.kill()
         for index, (process, text) in enumerate(zip(self.processes, stderr)):
             assert process.returncode == expected_code, f"process {index}: exit {process.returncode}\n{text[-3000:]}"
         return Run(self.workdir, [json.loads(path.read_text()) for path in self.record_paths], stderr)

@@ -1,0 +1,217 @@
+"""Every bad input the trainer was tried with, and the one line a user gets for it from `python -m trainer`.
+These cases are the rows of the trainer sections of docs/bad-inputs.md: `python -m tests.trainer.bad_inputs`
+prints those sections, and a test checks that the document shows them.
+
+Each case runs in a folder of its own that holds `tokenizer.model` (a SentencePiece model of 512 pieces)
+and `prepared/` (a corpus made by `python -m trainer.prepare` with it), plus the case's files, with
+BASE_ARGS and then the case's flags (a later flag replaces an earlier one)."""
+
+from dataclasses import dataclass, field
+
+from trainer.corpus import SEPARATOR
+
+BASE_ARGS = ("--model", "tiny", "--weights", "random", "--tokenizer", "tokenizer.model", "--data", "prepared",
+             "--workdir", "run", "--seq-len", "32", "--batch-size", "4", "--steps", "2", "--eval-fraction", "0",
+             "--no-samples")
+OPEN_END = " …"  # an expected error ending so is the start of the line; the rest quotes a library
+# Above trainer.prepare's limit of 64 Mi characters without a separator.
+HUGE_DOCUMENT = 65 << 20
+STORY = "Once upon a time there was a little cat. She liked to play in the sun."
+
+FLAGS = "Trainer flags"
+CONFIG_FILE = "Trainer config file (--config)"
+DATA = "Data files (--data)"
+MODEL_FILES = "Tokenizer, weights, checkpoints and the run directory"
+SECTIONS = {
+    FLAGS: "`python -m trainer` with a bad flag or a contradictory combination.",
+    CONFIG_FILE: "A YAML file given with `--config run.yaml`: its keys are the flag names with underscores.",
+    DATA: "A raw text file (documents separated by `<|endoftext|>`) or a `python -m trainer.prepare` directory.",
+    MODEL_FILES: "Files the run reads or writes besides the data.",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadRun:
+    section: str
+    case: str
+    args: tuple[str, ...]  # after BASE_ARGS unless `base` is False
+    error: str  # what follows "trainer: error: " on stderr
+    files: dict[str, bytes] = field(default_factory=dict)  # written into the case's folder
+    # Prepared by the test (see tests/trainer/test_bad_inputs.py PROVIDED): name in the folder -> what it is.
+    provided: dict[str, str] = field(default_factory=dict)
+    described: str = ""  # how the doc shows the files
+    base: bool = True
+
+    def argv(self) -> list[str]:
+        return [*(BASE_ARGS if self.base else ()), *self.args]
+
+    def table_row(self) -> str:
+        given = " ".join(self.args) if self.base else "python -m trainer " + " ".join(self.args)
+        notes = [self.described] if self.described else []
+        notes += [f"({name}: {what})" for name, what in self.provided.items()]
+        cells = (self.case, " ".join([f"`{given}`", *notes]),
+                 f"`` trainer: error: {self.error} ``")
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+HELP = " (see python -m trainer --help)"
+
+CASES = (
+    # Flags
+    BadRun(section=FLAGS, case="unknown flag", args=("--learning-rate", "3e-3"),
+           error="unrecognized arguments: --learning-rate 3e-3" + HELP),
+    BadRun(section=FLAGS, case="unknown model", args=("--model", "gemma2-2b"),
+           error="argument --model: invalid choice: 'gemma2-2b' (choose from 'gemma3-270m', 'gemma3-1b', 'gemma3-4b', "
+           "'gemma3-12b', 'gemma3-27b', 'tiny')" + HELP),
+    BadRun(section=FLAGS, case="text for a number", args=("--batch-size", "many"),
+           error="argument --batch-size: expected an integer, got 'many'" + HELP),
+    BadRun(section=FLAGS, case="zero sequence length", args=("--seq-len", "0"),
+           error="argument --seq-len: expected a positive integer, got '0'" + HELP),
+    BadRun(section=FLAGS, case="zero steps", args=("--steps", "0"),
+           error="argument --steps: expected a positive integer, got '0'" + HELP),
+    BadRun(section=FLAGS, case="negative learning rate", args=("--lr=-0.001",),
+           error="argument --lr: expected a finite number >= 0, got '-0.001'" + HELP),
+    BadRun(section=FLAGS, case="learning rate nan", args=("--lr", "nan"),
+           error="argument --lr: expected a finite number >= 0, got 'nan'" + HELP),
+    BadRun(section=FLAGS, case="infinite learning rate", args=("--lr", "inf"),
+           error="argument --lr: expected a finite number >= 0, got 'inf'" + HELP),
+    BadRun(section=FLAGS, case="unknown schedule", args=("--lr-schedule", "linear"),
+           error="argument --lr-schedule: invalid choice: 'linear' (choose from 'cosine', 'constant')" + HELP),
+    BadRun(section=FLAGS, case="eval fraction of 1 or more", args=("--eval-fraction", "1.5"),
+           error="argument --eval-fraction: expected a fraction in [0, 1), got '1.5'" + HELP),
+    BadRun(section=FLAGS, case="eval fraction that selects no document", args=("--eval-fraction", "0.001"),
+           error="eval fraction 0.001 of 400 documents selects none; raise it"),
+    BadRun(section=FLAGS, case="zero checkpoints kept", args=("--keep-checkpoints", "0"),
+           error="argument --keep-checkpoints: expected a positive integer, got '0'" + HELP),
+    BadRun(section=FLAGS, case="port out of range", args=("--profile-port", "99999"),
+           error="argument --profile-port: expected a TCP port from 1 to 65535, got '99999'" + HELP),
+    BadRun(section=FLAGS, case="unknown mesh axis", args=("--mesh", "data=2,model=4"),
+           error="argument --mesh: expected AXIS=SIZE pairs over data, fsdp (e.g. data=-1,fsdp=4), got 'data=2,model=4'" + HELP),
+    BadRun(section=FLAGS, case="two mesh axes to fill", args=("--mesh", "data=-1,fsdp=-1"),
+           error="argument --mesh: at most one axis may be -1, got 'data=-1,fsdp=-1'" + HELP),
+    BadRun(section=FLAGS, case="mesh larger than the devices", args=("--mesh", "data=2"),
+           error="--mesh data=2,fsdp=1: needs 2 devices, this job has 1"),
+    BadRun(section=FLAGS, case="both --steps and --epochs", args=("--epochs", "3"),
+           error="--steps 2 and --epochs 3 contradict each other: give --steps (a number of steps) or --epochs "
+           "(passes over the data), not both"),
+    BadRun(section=FLAGS, case="official weights of the tiny model", args=("--weights", "official"),
+           error="--model tiny has no official weights: use --weights random or a checkpoint path"),
+    BadRun(section=FLAGS, case="no --data", base=False, args=("--model", "gemma3-1b"),
+           error="--data is required: a raw text file or a python -m trainer.prepare directory (or use --preset tiny)"),
+    BadRun(section=FLAGS, case="tiny model without a tokenizer", base=False,
+           args=("--model", "tiny", "--weights", "random", "--data", "prepared"),
+           error="--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny"),
+    BadRun(section=FLAGS, case="part of the distributed flags", args=("--num-processes", "2"),
+           error="--coordinator-address, --num-processes and --process-id go together: give all three or none"),
+    BadRun(section=FLAGS, case="batch larger than the documents", args=("--batch-size", "1000"),
+           error="--batch-size 1000: 400 training documents cannot fill 1000 batch rows; lower the batch size or add documents"),
+    BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000"),
+           error="out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating 7720769181252 bytes.); lower "
+           "--batch-size or --seq-len, train adapters only with --lora-rank, or shard the state over more devices "
+           "with --mesh fsdp=N"),
+    # The YAML file
+    BadRun(section=CONFIG_FILE, case="no such file", args=("--config", "missing.yaml"),
+           error="--config missing.yaml: file not found"),
+    BadRun(section=CONFIG_FILE, case="broken YAML", args=("--config", "run.yaml"), files={"run.yaml": b"seq_len: [32\n"},
+           described="with `seq_len: [32` (unclosed)",
+           error="--config run.yaml: not valid YAML (while parsing a flow sequence)"),
+    BadRun(section=CONFIG_FILE, case="not UTF-8", args=("--config", "run.yaml"), files={"run.yaml": b"seq_len: \xff\n"},
+           described="with a byte that is not UTF-8",
+           error="--config run.yaml: not valid YAML ('utf-8' codec can't decode byte 0xff in position 9: invalid start byte)"),
+    BadRun(section=CONFIG_FILE, case="a list", args=("--config", "run.yaml"), files={"run.yaml": b"- seq_len: 32\n"},
+           described="with `- seq_len: 32`",
+           error="--config run.yaml: expected a mapping of option names to values"),
+    BadRun(section=CONFIG_FILE, case="unknown keys", args=("--config", "run.yaml"),
+           files={"run.yaml": b"learning_rate: 0.1\nbatchsize: 4\n"}, described="with `learning_rate` and `batchsize`",
+           error="--config run.yaml: unknown keys batchsize, learning_rate (keys are the flag names with underscores, e.g. seq_len)"),
+    BadRun(section=CONFIG_FILE, case="bad value", args=("--config", "run.yaml"), files={"run.yaml": b"seq_len: many\n"},
+           described="with `seq_len: many`",
+           error="--config run.yaml: argument --seq-len: expected an integer, got 'many'" + HELP),
+    BadRun(section=CONFIG_FILE, case="samples not true or false", args=("--config", "run.yaml"),
+           files={"run.yaml": b"samples: sometimes\n"}, described="with `samples: sometimes`",
+           error="--config run.yaml: samples expects true or false, got 'sometimes'"),
+    BadRun(section=CONFIG_FILE, case="both steps and epochs", base=False, args=("--preset", "tiny", "--config", "run.yaml"),
+           files={"run.yaml": b"steps: 100\nepochs: 2\n"}, described="with `steps: 100` and `epochs: 2`",
+           error="--steps 100 and --epochs 2 contradict each other: give --steps (a number of steps) or --epochs "
+           "(passes over the data), not both"),
+    # Data files
+    BadRun(section=DATA, case="missing", args=("--data", "stories.txt"),
+           error="--data stories.txt: not found; pass a text file or a directory made by `python -m trainer.prepare`"),
+    BadRun(section=DATA, case="empty", args=("--data", "stories.txt"), files={"stories.txt": b""}, described="(0 bytes)",
+           error=f"data file stories.txt: no text in it; pass a file of documents separated by {SEPARATOR!r}"),
+    BadRun(section=DATA, case="only blank lines", args=("--data", "stories.txt"), files={"stories.txt": b"\n  \n\n"},
+           described="(blank lines)",
+           error=f"data file stories.txt: no text in it; pass a file of documents separated by {SEPARATOR!r}"),
+    BadRun(section=DATA, case="binary", args=("--data", "stories.txt"),
+           files={"stories.txt": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"}, described="(a PNG image)",
+           error="data file stories.txt: not UTF-8 text (invalid byte near offset 0); convert it to UTF-8"),
+    BadRun(section=DATA, case="binary that is valid UTF-8", args=("--data", "stories.txt"),
+           files={"stories.txt": b"ELF\x00\x01\x02" * 10}, described="(NUL bytes)",
+           error="data file stories.txt: binary content (NUL byte near offset 0); pass a UTF-8 text file"),
+    BadRun(section=DATA, case="Latin-1 text", args=("--data", "stories.txt"),
+           files={"stories.txt": f"Caf\xe9 au lait.{SEPARATOR}".encode("latin-1")}, described="(`Café` in Latin-1)",
+           error="data file stories.txt: not UTF-8 text (invalid byte near offset 3); convert it to UTF-8"),
+    BadRun(section=DATA, case="UTF-16 text", args=("--data", "stories.txt"),
+           files={"stories.txt": f"{STORY}{SEPARATOR}".encode("utf-16")}, described="(with its byte order mark)",
+           error="data file stories.txt: not UTF-8 text (invalid byte near offset 0); convert it to UTF-8"),
+    BadRun(section=DATA, case="no separator", args=("--data", "stories.txt"),
+           files={"stories.txt": f"{STORY}\n\n".encode() * 50}, described="(stories separated by blank lines)",
+           error=f"data file stories.txt: the separator {SEPARATOR!r} never occurs; end each document with it "
+           "(a single document too) or pass --separator"),
+    BadRun(section=DATA, case="one huge document", args=("--data", "stories.txt"),
+           files={"stories.txt": b"a " * (HUGE_DOCUMENT // 2 + 1)}, described=f"({HUGE_DOCUMENT >> 20} MiB, no separator)",
+           error=f"data file stories.txt: more than {64 << 20} characters without the separator {SEPARATOR!r} before "
+           f"offset {HUGE_DOCUMENT}; pass the --separator that ends each document"),
+    BadRun(section=DATA, case="one document", args=("--data", "stories.txt"),
+           files={"stories.txt": f"{STORY * 500}{SEPARATOR}".encode()}, described="(one long story)",
+           error="--batch-size 4: 1 training documents cannot fill 4 batch rows; lower the batch size or add documents"),
+    BadRun(section=DATA, case="a directory that is not prepared data", args=("--data", "notes"),
+           files={"notes/todo.txt": b"buy milk"}, described="(a folder of other files)",
+           error="notes: not a complete prepared dataset (no readable meta.json); prepare it with "
+           "`python -m trainer.prepare` or remove it"),
+    BadRun(section=DATA, case="prepared with another tokenizer", args=("--tokenizer", "other.model"),
+           provided={"other.model": "a tokenizer of 400 pieces"},
+           error="--data prepared: prepared with tokenizer" + OPEN_END),
+    # Tokenizer, weights, checkpoints, workdir
+    BadRun(section=MODEL_FILES, case="missing tokenizer", args=("--tokenizer", "missing.model"),
+           error="tokenizer missing.model: file not found; pass the path of a SentencePiece .model file"),
+    BadRun(section=MODEL_FILES, case="tokenizer that is not one", args=("--tokenizer", "stories.txt"),
+           files={"stories.txt": f"{STORY}{SEPARATOR}".encode()}, described="(a text file)",
+           error="tokenizer stories.txt: not a SentencePiece model" + OPEN_END),
+    BadRun(section=MODEL_FILES, case="vocabulary larger than the model's", args=("--model", "gemma3-270m", "--tokenizer",
+           "huge.model", "--data", "stories.txt"), files={"stories.txt": f"{STORY}{SEPARATOR}".encode() * 20},
+           provided={"huge.model": "a tokenizer of 262,145 pieces"},
+           error="--tokenizer huge.model: its vocabulary (262145 pieces) does not fit --model gemma3-270m "
+           "(262144 embeddings); use the model's own tokenizer"),
+    BadRun(section=MODEL_FILES, case="missing weights", args=("--weights", "missing"),
+           error="--weights missing: no checkpoint there (expected a directory written by gm.ckpts.save_params)"),
+    BadRun(section=MODEL_FILES, case="weights of another vocabulary", args=("--weights", "first/export/params",
+           "--tokenizer", "other.model", "--data", "stories.txt"), files={"stories.txt": f"{STORY}{SEPARATOR}".encode() * 20},
+           provided={"first": "a finished run with tokenizer.model", "other.model": "a tokenizer of 400 pieces"},
+           error="--weights first/export/params: does not fit the model: ['embedder']['input_embedding'] is (512, 128) in "
+           "the checkpoint, the model needs (400, 128) (another --model, or a tokenizer with another vocabulary size?)"),
+    BadRun(section=MODEL_FILES, case="checkpoints of another model", args=("--checkpoint-dir", "first/checkpoints",
+           "--lora-rank", "4"), provided={"first": "a finished run with tokenizer.model"},
+           error="--checkpoint-dir first/checkpoints: no checkpoint there restores into this run (step 1: User-provided "
+           "restore item and on-disk value metadata tree structures do not match:); they are damaged or of another run "
+           "(another --model, --lora-rank or tokenizer?): use a new --workdir or --checkpoint-dir"),
+    BadRun(section=MODEL_FILES, case="checkpoint directory under a file", args=("--checkpoint-dir", "notes.txt/checkpoints"),
+           files={"notes.txt": b"buy milk"},
+           error="--checkpoint-dir notes.txt/checkpoints: cannot use it (Not a directory); choose a directory this job can write"),
+    BadRun(section=MODEL_FILES, case="run directory under a file", args=("--workdir", "notes.txt/run"),
+           files={"notes.txt": b"buy milk"},
+           error="--workdir notes.txt/run: cannot use it (Not a directory); choose a directory this job can write"),
+)
+
+
+def markdown_sections() -> str:
+    parts = []
+    for section, intro in SECTIONS.items():
+        rows = [case.table_row() for case in CASES if case.section == section]
+        parts += [f"## {section}", "", intro, "",
+                  "| case | flags and files | what the user gets (exit code 2) |", "|---|---|---|", *rows, ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_sections(), end="")

@@ -1,0 +1,235 @@
+"""Fault injection on real `python -m trainer` processes of the tiny model: SIGTERM (a preemption
+notice) and SIGKILL at seeded random steps, and damaged checkpoints. Whatever happens, the run ends
+with the parameters of an uninterrupted run and has trained every step on the same batch.
+
+Each record of metrics.jsonl names the batch its step consumed (`batch`, a digest of the rows), so
+"the same batches" is checked step by step, not inferred from the final parameters.
+"""
+
+import json
+import os
+import pathlib
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from gemma import gm
+
+from tests.trainer.test_train import tiny_args
+from trainer import exitcodes
+from trainer.__main__ import main
+
+REPO = pathlib.Path(__file__).parents[2]
+STEPS = 40
+CHECKPOINT_INTERVAL = 4
+KEEP_CHECKPOINTS = 3
+SIGTERM_POINTS = 5
+SIGKILL_POINTS = 2
+SEED = 20261202  # of the kill points
+# A process of the tiny model takes ~20 s to start on a loaded 2-core machine, then ~25 steps/s.
+PROCESS_TIMEOUT_S = 300
+
+
+def _args(workdir, prepared_dir, tokenizer_path):
+    return tiny_args(workdir, prepared_dir, tokenizer_path, "--steps", str(STEPS), "--log-interval", "1",
+                     "--eval-fraction", "0", "--checkpoint-interval", str(CHECKPOINT_INTERVAL),
+                     "--keep-checkpoints", str(KEEP_CHECKPOINTS), "--seq-len", "32", "--batch-size", "4")
+
+
+class _Trainer:
+    """One `python -m trainer` process; its output goes to files, so a full pipe never stalls it."""
+
+    def __init__(self, workdir: pathlib.Path, prepared_dir, tokenizer_path, name: str):
+        self.workdir = workdir
+        self.stdout_path = workdir.parent / f"{name}.stdout"
+        self.stderr_path = workdir.parent / f"{name}.stderr"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+        with self.stdout_path.open("w") as stdout, self.stderr_path.open("w") as stderr:
+            self.process = subprocess.Popen([sys.executable, "-m", "trainer", *_args(workdir, prepared_dir, tokenizer_path)],
+                                            stdout=stdout, stderr=stderr, env=env, cwd=REPO)
+
+    def wait_for_step(self, step: int) -> None:
+        """Returns once the run has reported `step` (or a later one)."""
+        deadline = time.monotonic() + PROCESS_TIMEOUT_S
+        while not any(record["step"] >= step for record in _complete_records(self.workdir)):
+            assert self.process.poll() is None, f"the run ended before step {step}: {self.output()}"
+            assert time.monotonic() < deadline, f"no step {step} after {PROCESS_TIMEOUT_S} s: {self.output()}"
+            time.sleep(0.01)
+
+    def finish(self) -> int:
+        return self.process.wait(timeout=PROCESS_TIMEOUT_S)
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def output(self) -> str:
+        return (self.stdout() + self.stderr())[-3000:]
+
+
+def _complete_records(workdir: pathlib.Path) -> list[dict]:
+    """The records of metrics.jsonl that are fully written (a running trainer may be mid-line)."""
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
+
+
+def _training_records(workdir: pathlib.Path) -> list[dict]:
+    return [record for record in _complete_records(workdir) if "loss" in record]
+
+
+def _resumed_from(run: _Trainer) -> int | None:
+    found = re.search(r"resuming from the checkpoint of step (\d+)", run.stdout())
+    return int(found.group(1)) if found else None
+
+
+def _completed_checkpoints(workdir: pathlib.Path) -> list[int]:
+    """Steps Orbax finished saving: it writes a step into a temporary directory and renames it when complete."""
+    return sorted(int(path.name) for path in (workdir / "checkpoints").iterdir() if path.name.isdigit())
+
+
+def _assert_same_params(workdir: pathlib.Path, reference: pathlib.Path) -> None:
+    want = gm.ckpts.load_params(reference / "export" / "params")
+    got = gm.ckpts.load_params(workdir / "export" / "params")
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _by_step(records: list[dict]) -> dict[int, tuple]:
+    return {record["step"]: (record["batch"], record["loss"]) for record in records}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, prepared_dir, tokenizer_path) -> pathlib.Path:
+    """The uninterrupted run, checkpointing every CHECKPOINT_INTERVAL steps like the interrupted ones."""
+    workdir = tmp_path_factory.mktemp("faults") / "reference"
+    run = _Trainer(workdir, prepared_dir, tokenizer_path, "reference")
+    assert run.finish() == exitcodes.OK, run.output()
+    assert [record["step"] for record in _training_records(workdir)] == list(range(1, STEPS + 1))
+    return workdir
+
+
+def test_every_step_names_its_batch_and_the_batches_differ(reference):
+    batches = [record["batch"] for record in _training_records(reference)]
+    assert len(set(batches)) == STEPS
+
+
+def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tmp_path, prepared_dir, tokenizer_path):
+    workdir = tmp_path / "run"
+    kill_points = sorted(random.Random(SEED).sample(range(2, STEPS - 8), SIGTERM_POINTS))
+    checkpointed = []
+    for number, point in enumerate(kill_points):
+        run = _Trainer(workdir, prepared_dir, tokenizer_path, f"sigterm-{number}")
+        run.wait_for_step(max(point, checkpointed[-1] + 1 if checkpointed else 1))
+        run.process.send_signal(signal.SIGTERM)
+        assert run.finish() == exitcodes.RETRY, run.output()
+        assert _resumed_from(run) == (checkpointed[-1] if checkpointed else None)
+        checkpointed.append(int(re.search(r"preempted: checkpointed step (\d+)", run.stderr()).group(1)))
+    final = _Trainer(workdir, prepared_dir, tokenizer_path, "sigterm-final")
+    assert final.finish() == exitcodes.OK, final.output()
+    assert _resumed_from(final) == checkpointed[-1]
+
+    assert len(set(checkpointed)) == SIGTERM_POINTS, checkpointed
+    records = _training_records(workdir)
+    assert [record["step"] for record in records] == list(range(1, STEPS + 1))  # each step once, none lost
+    assert _by_step(records) == _by_step(_training_records(reference))  # the same batch and loss at every step
+    _assert_same_params(workdir, reference)
+
+
+def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(reference, tmp_path, prepared_dir,
+                                                                         tokenizer_path):
+    workdir = tmp_path / "run"
+    kill_points = sorted(random.Random(SEED + 1).sample(range(CHECKPOINT_INTERVAL + 2, STEPS - 8), SIGKILL_POINTS))
+    expected_resume = None
+    for number, point in enumerate(kill_points):
+        run = _Trainer(workdir, prepared_dir, tokenizer_path, f"sigkill-{number}")
+        run.wait_for_step(max(point, (expected_resume or 0) + 1))
+        run.process.kill()
+        assert run.finish() == -signal.SIGKILL
+        assert _resumed_from(run) == expected_resume
+        reached = _training_records(workdir)[-1]["step"]
+        expected_resume = max(_completed_checkpoints(workdir), default=None)
+        # The newest due checkpoint may still have been in flight (saves are asynchronous).
+        assert (expected_resume or 0) in range(reached - reached % CHECKPOINT_INTERVAL - CHECKPOINT_INTERVAL, reached + 1)
+    final = _Trainer(workdir, prepared_dir, tokenizer_path, "sigkill-final")
+    assert final.finish() == exitcodes.OK, final.output()
+    assert _resumed_from(final) == expected_resume
+
+    records = _training_records(workdir)
+    want = _by_step(_training_records(reference))
+    assert sorted({record["step"] for record in records}) == list(range(1, STEPS + 1))
+    # Steps trained again after a kill met the same batch and gave the same loss as the first time.
+    for record in records:
+        assert (record["batch"], record["loss"]) == want[record["step"]], record["step"]
+    _assert_same_params(workdir, reference)
+
+
+def _truncate_tensor_data(step_dir: pathlib.Path) -> None:
+    for path in (step_dir / "state").rglob("*"):
+        if path.is_file() and path.parent.name == "d":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garble_data_position(step_dir: pathlib.Path) -> None:
+    for path in (step_dir / "data").glob("process_*.json"):
+        path.write_bytes(b"\x00not json")
+
+
+def _lose_the_state(step_dir: pathlib.Path) -> None:
+    shutil.rmtree(step_dir / "state")
+
+
+def _leave_half_written(step_dir: pathlib.Path) -> None:
+    """What a kill in the middle of a save leaves: Orbax's temporary directory, never renamed."""
+    step_dir.rename(step_dir.with_name(f"{step_dir.name}.orbax-checkpoint-tmp-1"))
+
+
+@pytest.mark.parametrize("damage", [_truncate_tensor_data, _garble_data_position, _lose_the_state, _leave_half_written],
+                         ids=lambda damage: damage.__name__.strip("_"))
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(damage, reference, tmp_path, capsys, prepared_dir,
+                                                                   tokenizer_path):
+    """The reference's newest checkpoint (the last step) is damaged; the run resumes from the one
+    before, trains the steps after it again, and ends where the reference ended."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference / "checkpoints", workdir / "checkpoints")
+    latest, previous = _completed_checkpoints(workdir)[-1], _completed_checkpoints(workdir)[-2]
+    damage(workdir / "checkpoints" / str(latest))
+
+    assert main(_args(workdir, prepared_dir, tokenizer_path)) == exitcodes.OK
+    captured = capsys.readouterr()
+    assert f"resuming from the checkpoint of step {previous}" in captured.out
+    if damage is not _leave_half_written:  # Orbax itself never lists a temporary directory
+        assert re.search(rf"trainer: warning: --checkpoint-dir \S+: cannot restore step {latest}: .+; deleted it, "
+                         rf"resuming from step {previous}\n", captured.err), captured.err
+    assert _completed_checkpoints(workdir)[-KEEP_CHECKPOINTS:] == _completed_checkpoints(reference)
+    records = _training_records(workdir)
+    assert [record["step"] for record in records] == list(range(previous + 1, STEPS + 1))
+    want = _by_step(_training_records(reference))
+    assert _by_step(records) == {step: want[step] for step in range(previous + 1, STEPS + 1)}
+    _assert_same_params(workdir, reference)
+
+
+def test_every_checkpoint_damaged_is_one_line_and_no_fresh_start(reference, tmp_path, capsys, prepared_dir,
+                                                                 tokenizer_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference / "checkpoints", workdir / "checkpoints")
+    for step in _completed_checkpoints(workdir):
+        _lose_the_state(workdir / "checkpoints" / str(step))
+
+    assert main(_args(workdir, prepared_dir, tokenizer_path)) == exitcodes.USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "no checkpoint there restores into this run" in err and "use a new --workdir or --checkpoint-dir" in err
+    assert not (workdir / "metrics.jsonl").exists() and not (workdir / "export").exists()

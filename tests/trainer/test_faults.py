@@ -6,6 +6,7 @@ Each record of metrics.jsonl names the batch its step consumed (`batch`, a diges
 "the same batches" is checked step by step, not inferred from the final parameters.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -43,14 +44,24 @@ def _args(workdir, prepared_dir, tokenizer_path):
                      "--keep-checkpoints", str(KEEP_CHECKPOINTS), "--seq-len", "32", "--batch-size", "4")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    prepared_dir: pathlib.Path
+    tokenizer_path: pathlib.Path
+    compilation_cache: pathlib.Path
+
+
 class _Trainer:
     """One `python -m trainer` process; its output goes to files, so a full pipe never stalls it."""
 
-    def __init__(self, workdir: pathlib.Path, prepared_dir, tokenizer_path, name: str):
+    def __init__(self, workdir: pathlib.Path, inputs: _Inputs, name: str):
         self.workdir = workdir
         self.stdout_path = workdir.parent / f"{name}.stdout"
         self.stderr_path = workdir.parent / f"{name}.stderr"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+        prepared_dir, tokenizer_path = inputs.prepared_dir, inputs.tokenizer_path
+        # Every process compiles the same functions: a shared persistent cache spares the restarts that.
+        env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_COMPILATION_CACHE_DIR": str(inputs.compilation_cache),
+               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
         with self.stdout_path.open("w") as stdout, self.stderr_path.open("w") as stderr:
             self.process = subprocess.Popen([sys.executable, "-m", "trainer", *_args(workdir, prepared_dir, tokenizer_path)],
                                             stdout=stdout, stderr=stderr, env=env, cwd=REPO)
@@ -112,10 +123,15 @@ def _by_step(records: list[dict]) -> dict[int, tuple]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, prepared_dir, tokenizer_path) -> pathlib.Path:
+def inputs(tmp_path_factory, prepared_dir, tokenizer_path) -> _Inputs:
+    return _Inputs(prepared_dir, tokenizer_path, tmp_path_factory.mktemp("jax_compilation_cache"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, inputs) -> pathlib.Path:
     """The uninterrupted run, checkpointing every CHECKPOINT_INTERVAL steps like the interrupted ones."""
     workdir = tmp_path_factory.mktemp("faults") / "reference"
-    run = _Trainer(workdir, prepared_dir, tokenizer_path, "reference")
+    run = _Trainer(workdir, inputs, "reference")
     assert run.finish() == exitcodes.OK, run.output()
     assert [record["step"] for record in _training_records(workdir)] == list(range(1, STEPS + 1))
     return workdir
@@ -126,18 +142,18 @@ def test_every_step_names_its_batch_and_the_batches_differ(reference):
     assert len(set(batches)) == STEPS
 
 
-def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tmp_path, prepared_dir, tokenizer_path):
+def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tmp_path, inputs):
     workdir = tmp_path / "run"
     kill_points = sorted(random.Random(SEED).sample(range(2, STEPS - 8), SIGTERM_POINTS))
     checkpointed = []
     for number, point in enumerate(kill_points):
-        run = _Trainer(workdir, prepared_dir, tokenizer_path, f"sigterm-{number}")
+        run = _Trainer(workdir, inputs, f"sigterm-{number}")
         run.wait_for_step(max(point, checkpointed[-1] + 1 if checkpointed else 1))
         run.process.send_signal(signal.SIGTERM)
         assert run.finish() == exitcodes.RETRY, run.output()
         assert _resumed_from(run) == (checkpointed[-1] if checkpointed else None)
         checkpointed.append(int(re.search(r"preempted: checkpointed step (\d+)", run.stderr()).group(1)))
-    final = _Trainer(workdir, prepared_dir, tokenizer_path, "sigterm-final")
+    final = _Trainer(workdir, inputs, "sigterm-final")
     assert final.finish() == exitcodes.OK, final.output()
     assert _resumed_from(final) == checkpointed[-1]
 
@@ -148,13 +164,12 @@ def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tm
     _assert_same_params(workdir, reference)
 
 
-def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(reference, tmp_path, prepared_dir,
-                                                                         tokenizer_path):
+def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(reference, tmp_path, inputs):
     workdir = tmp_path / "run"
     kill_points = sorted(random.Random(SEED + 1).sample(range(CHECKPOINT_INTERVAL + 2, STEPS - 8), SIGKILL_POINTS))
     expected_resume = None
     for number, point in enumerate(kill_points):
-        run = _Trainer(workdir, prepared_dir, tokenizer_path, f"sigkill-{number}")
+        run = _Trainer(workdir, inputs, f"sigkill-{number}")
         run.wait_for_step(max(point, (expected_resume or 0) + 1))
         run.process.kill()
         assert run.finish() == -signal.SIGKILL
@@ -163,7 +178,7 @@ def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(refe
         expected_resume = max(_completed_checkpoints(workdir), default=None)
         # The newest due checkpoint may still have been in flight (saves are asynchronous).
         assert (expected_resume or 0) in range(reached - reached % CHECKPOINT_INTERVAL - CHECKPOINT_INTERVAL, reached + 1)
-    final = _Trainer(workdir, prepared_dir, tokenizer_path, "sigkill-final")
+    final = _Trainer(workdir, inputs, "sigkill-final")
     assert final.finish() == exitcodes.OK, final.output()
     assert _resumed_from(final) == expected_resume
 

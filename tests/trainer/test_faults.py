@@ -166,7 +166,9 @@ def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tm
 
 def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(reference, tmp_path, inputs):
     workdir = tmp_path / "run"
-    kill_points = sorted(random.Random(SEED + 1).sample(range(CHECKPOINT_INTERVAL + 2, STEPS - 8), SIGKILL_POINTS))
+    # From the second interval on: Orbax starts a save only once the one before has finished, so a
+    # completed checkpoint exists to resume from.
+    kill_points = sorted(random.Random(SEED + 1).sample(range(2 * CHECKPOINT_INTERVAL + 1, STEPS - 8), SIGKILL_POINTS))
     expected_resume = None
     for number, point in enumerate(kill_points):
         run = _Trainer(workdir, inputs, f"sigkill-{number}")
@@ -175,9 +177,9 @@ def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(refe
         assert run.finish() == -signal.SIGKILL
         assert _resumed_from(run) == expected_resume
         reached = _training_records(workdir)[-1]["step"]
-        expected_resume = max(_completed_checkpoints(workdir), default=None)
+        expected_resume = _completed_checkpoints(workdir)[-1]
         # The newest due checkpoint may still have been in flight (saves are asynchronous).
-        assert (expected_resume or 0) in range(reached - reached % CHECKPOINT_INTERVAL - CHECKPOINT_INTERVAL, reached + 1)
+        assert expected_resume in range(reached - reached % CHECKPOINT_INTERVAL - CHECKPOINT_INTERVAL, reached + 1)
     final = _Trainer(workdir, inputs, "sigkill-final")
     assert final.finish() == exitcodes.OK, final.output()
     assert _resumed_from(final) == expected_resume

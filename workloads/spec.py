@@ -164,6 +164,8 @@ def _trainer_args(config: StackConfig, data_dir: str, run_dir: str) -> tuple[str
         "--checkpoint-dir", f"{run_dir}/checkpoints",
         "--checkpoint-interval", str(training.checkpoint_interval),
         "--tensorboard-dir", f"{run_dir}/tensorboard",
+        # FSDP inside a slice (ICI), data parallelism across slices (DCN): 1B and 4B fit a v6e 2x4 only so.
+        "--mesh", f"data=-1,fsdp={config.slice.chips}",
     ]  # fmt: skip
     if training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]

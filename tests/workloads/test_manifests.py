@@ -271,3 +271,15 @@ def test_preparation_script_does_nothing_when_the_output_is_complete(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "already prepared" in result.stdout
     assert not (tmp_path / "never-written").exists()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_trainer_mesh_shards_inside_a_slice_and_is_data_parallel_across_slices(stack):
+    from trainer.mesh import resolve_axis_sizes
+
+    config = stack_config(stack)
+    parsed = parse_config(container(training_pod(manifests.training(spec_of(config))), "trainer")["args"])
+    all_chips = config.slice.chips * config.tpu.slices
+    assert resolve_axis_sizes(parsed.mesh, all_chips) == {"data": config.tpu.slices, "fsdp": config.slice.chips}
+    if stack == "multislice":
+        assert parsed.mesh["fsdp"] == 8 and resolve_axis_sizes(parsed.mesh, all_chips)["data"] == 2  # the DCN axis

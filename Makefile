@@ -11,11 +11,13 @@ POLICY_STAMP := $(POLICY_VENV)/.installed
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo render policy-check lock
+.PHONY: help setup test demo render policy-check lock bench bench-quick bench-h200
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
 	@echo "make test   the test suite (offline)"
+	@echo "make bench-quick   CPU benchmarks against the tutorial's method, ~3 min (make bench: full, ~30 min; BENCHMARKS.md)"
+	@echo "make bench-h200   the accelerator benchmark, on a machine with an NVIDIA H200 and jax[cuda12]"
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
 	@echo "make lock   re-resolve the dependency locks from the pins (network; docs/dependencies.md)"
 	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
@@ -41,6 +43,15 @@ test: $(STAMP) $(POLICY_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m trainer --preset tiny --workdir runs/demo
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+bench-quick: $(STAMP)
+	$(PY) -m bench --quick
+
+bench-h200: $(STAMP)
+	$(PY) -m bench.h200
 
 render: $(STAMP)
 	$(PY) -m workloads render --stack $(STACK) --out rendered/$(STACK)

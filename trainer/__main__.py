@@ -1,6 +1,7 @@
 """`python -m trainer`: fine-tune; exits 0 when done, exitcodes.RETRY after a preemption checkpoint,
 exitcodes.USER_ERROR with one line on stderr for a problem the user can fix."""
 
+import os
 import sys
 
 from trainer import exitcodes
@@ -12,6 +13,8 @@ def main(argv=None) -> int:
         from trainer.config import parse_config
 
         config = parse_config(argv)
+        # TensorFlow (gemma imports it through kauldron) logs C++ notices to stderr; keep errors to our one line.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import jax  # JAX and gemma load only once the flags are known to be good
 
         from trainer import loop

@@ -14,6 +14,7 @@ import asyncio
 import json
 import runpy
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,18 +77,34 @@ class _CloudPlaceholders(pulumi.runtime.Mocks):
         return {}
 
 
-class _RecordingMonitor(mocks.MockMonitor):
-    """The mock monitor, also remembering each registration's parent and inputs in order."""
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    """One resource as the engine would receive it from the program."""
 
-    def __init__(self, placeholders: _CloudPlaceholders):
-        super().__init__(placeholders)
-        self.registrations: list[_Registration] = []
+    urn: str
+    type: str
+    name: str
+    parent_urn: str
+    inputs: dict[str, Any]
+    provider_urn: str  # the explicit provider's URN, "" for the default one
+    dependency_urns: tuple[str, ...]
+    protect: bool
+    retain_on_delete: bool
+    custom_timeouts: Any
+
+
+class _RecordingMonitor(mocks.MockMonitor):
+    """The mock monitor, also remembering each registration in order."""
+
+    def __init__(self, mocks_impl: pulumi.runtime.Mocks):
+        super().__init__(mocks_impl)
+        self.registrations: list[Registration] = []
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             self.registrations.append(
-                _Registration(
+                Registration(
                     urn=response.urn,
                     type=request.type,
                     name=request.name,
@@ -97,22 +114,24 @@ class _RecordingMonitor(mocks.MockMonitor):
                     dependency_urns=tuple(request.dependencies),
                     protect=request.protect,
                     retain_on_delete=request.retainOnDelete,
+                    custom_timeouts=request.customTimeouts,
                 )
             )
         return response
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Registration:
-    urn: str
-    type: str
-    name: str
-    parent_urn: str
-    inputs: dict[str, Any]
-    provider_urn: str
-    dependency_urns: tuple[str, ...]
-    protect: bool
-    retain_on_delete: bool
+def record(program: Callable[[], Any], mocks_impl: pulumi.runtime.Mocks, *, stack: str, preview: bool,
+           config: Mapping[str, str] | None = None) -> list[Registration]:
+    """Runs `program` under a fresh Pulumi mock runtime (`config`: the engine's string values) and
+    returns every registration in order. Errors of the program propagate (pulumi.RunError)."""
+    monitor = _RecordingMonitor(mocks_impl)
+    settings.set_root_resource(None)  # set_mocks then starts a fresh stack, without earlier runs' exports
+    # Pulumi runs on the current event loop; an earlier asyncio.run() in this process (Orbax, grain) leaves none.
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
+    pulumi.runtime.set_all_config(dict(config or {}), [])
+    pulumi.runtime.test(lambda: pulumi.Output.from_input(program()))()
+    return monitor.registrations
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,30 +143,26 @@ class StackPreview:
 def preview(values: dict[str, Any], stack: str) -> StackPreview:
     """Run the program under mocks with `values` (a stack file's `config:` section) as its config.
     Raises ConfigError for an invalid config."""
-    monitor = _RecordingMonitor(_CloudPlaceholders(str(values.get("gcp:project", PLACEHOLDER_PROJECT))))
-    settings.set_root_resource(None)  # set_mocks then starts a fresh stack, without earlier runs' exports
-    # Pulumi runs on the current event loop; an earlier asyncio.run() in this process (Orbax, grain) leaves none.
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=True, monitor=monitor)
-    # The engine hands the program each value as a string, mappings as JSON.
-    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}, [])
-    root = settings.get_root_resource()
     outputs: dict[str, Any] = {}
 
     def program() -> pulumi.Output:
+        root = settings.get_root_resource()
         runpy.run_path(str(PROGRAM))
         return pulumi.Output.from_input(root.outputs).apply(outputs.update)
 
+    project = str(values.get("gcp:project", PLACEHOLDER_PROJECT))
+    # The engine hands the program each value as a string, mappings as JSON.
+    config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
     try:
-        pulumi.runtime.test(program)()
+        registrations = record(program, _CloudPlaceholders(project), stack=stack, preview=True, config=config)
     except pulumi.RunError as error:
         raise ConfigError(str(error)) from None
-    return StackPreview(resources=_resources(monitor.registrations), outputs=outputs)
+    return StackPreview(resources=_resources(registrations), outputs=outputs)
 
 
-def _resources(registrations: list["_Registration"]) -> list[Resource]:
+def _resources(registrations: list[Registration]) -> list[Resource]:
     names = {registration.urn: registration.name for registration in registrations}
-    children: dict[str, list[_Registration]] = {}
+    children: dict[str, list[Registration]] = {}
     for registration in registrations:
         children.setdefault(registration.parent_urn if registration.parent_urn in names else "", []).append(registration)
 

@@ -1,18 +1,15 @@
 """Fixtures for the workload tests: stack configs (shipped or edited), run specs, a Pulumi mock
 runtime that records registrations, and the strict schema validators."""
 
-import asyncio
 import os
 import pathlib
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import pulumi
 import pytest
-from pulumi.runtime import mocks, rpc, settings
 
 from infra.config import StackConfig, parse_stack_config, read_stack_values, shipped_stacks
-from infra.preview import PLACEHOLDER_PROJECT
+from infra.preview import PLACEHOLDER_PROJECT, Registration, record
 from workloads.spec import RunSpec, run_spec
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -63,41 +60,6 @@ def schemas_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get(SCHEMAS_ENV, REPO.parent / "shared" / "schemas"))
 
 
-@dataclass(frozen=True)
-class Registration:
-    type: str
-    name: str
-    urn: str
-    parent: str
-    provider: str  # "URN::ID" of the explicit provider, "" for the default one
-    dependencies: tuple[str, ...]
-    inputs: dict[str, Any]
-    custom_timeouts: Any
-
-
-class _Recorder(mocks.MockMonitor):
-    def __init__(self, mock_impl: pulumi.runtime.Mocks):
-        super().__init__(mock_impl)
-        self.registrations: list[Registration] = []
-
-    def RegisterResource(self, request):
-        response = super().RegisterResource(request)
-        if request.type != "pulumi:pulumi:Stack":
-            self.registrations.append(
-                Registration(
-                    type=request.type,
-                    name=request.name,
-                    urn=response.urn,
-                    parent=request.parent,
-                    provider=request.provider,
-                    dependencies=tuple(request.dependencies),
-                    inputs=rpc.deserialize_properties(request.object),
-                    custom_timeouts=request.customTimeouts,
-                )
-            )
-        return response
-
-
 class _EchoMocks(pulumi.runtime.Mocks):
     """Every resource's state is its inputs; invokes return a fake access token."""
 
@@ -111,13 +73,4 @@ class _EchoMocks(pulumi.runtime.Mocks):
 @pytest.fixture
 def pulumi_mocks() -> Callable[[Callable[[], Any]], list[Registration]]:
     """Runs `program` under a fresh Pulumi mock runtime; returns every registration, in order."""
-
-    def run(program: Callable[[], Any]) -> list[Registration]:
-        recorder = _Recorder(_EchoMocks())
-        settings.set_root_resource(None)  # a fresh root stack per run
-        asyncio.set_event_loop(asyncio.new_event_loop())  # earlier tests' asyncio.run() leave none current
-        pulumi.runtime.set_mocks(recorder.mocks, project="gemma-tpu", stack="test", preview=False, monitor=recorder)
-        pulumi.runtime.test(lambda: pulumi.Output.from_input(program()))()
-        return recorder.registrations
-
-    return run
+    return lambda program: record(program, _EchoMocks(), stack="test", preview=False)

@@ -56,11 +56,11 @@ def test_run_is_applied_by_the_cluster_provider_after_its_prerequisites(pulumi_m
     provider, prepare, training = by_name["cluster"], by_name["prepare-data"], by_name["training"]
     assert (prepare.type, training.type) == (JOB, training_type)
     for resource in (prepare, training):
-        assert resource.provider.startswith(provider.urn)
-        assert resource.parent == by_name["run"].urn
-    assert {by_name["namespace"].urn, by_name["preparation-account"].urn} <= set(prepare.dependencies)
-    assert by_name["tpu-pool"].urn not in prepare.dependencies  # data preparation runs on CPU nodes
-    assert {prepare.urn, by_name["jobset"].urn, by_name["service-account"].urn, by_name["tpu-pool"].urn} <= set(training.dependencies)
+        assert resource.provider_urn == provider.urn
+        assert resource.parent_urn == by_name["run"].urn
+    assert {by_name["namespace"].urn, by_name["preparation-account"].urn} <= set(prepare.dependency_urns)
+    assert by_name["tpu-pool"].urn not in prepare.dependency_urns  # data preparation runs on CPU nodes
+    assert {prepare.urn, by_name["jobset"].urn, by_name["service-account"].urn, by_name["tpu-pool"].urn} <= set(training.dependency_urns)
     assert prepare.custom_timeouts.create == f"{PREPARE_DEADLINE_SECONDS}s"
 
     spec = spec_of(config)

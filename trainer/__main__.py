@@ -5,36 +5,32 @@ import os
 import sys
 
 from trainer import exitcodes
-from trainer.errors import UserError
+from trainer.errors import UserError, entry_point
 
 
-def main(argv=None) -> int:
+@entry_point(prefix="trainer: ")
+def main(argv=None) -> int | None:
+    from trainer.config import parse_config
+
+    config = parse_config(argv)
+    # TensorFlow (gemma imports it through kauldron) logs C++ notices to stderr; keep errors to our one line.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import jax  # JAX and gemma load only once the flags are known to be good
+
+    from trainer import loop
+
     try:
-        from trainer.config import parse_config
-
-        config = parse_config(argv)
-        # TensorFlow (gemma imports it through kauldron) logs C++ notices to stderr; keep errors to our one line.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import jax  # JAX and gemma load only once the flags are known to be good
-
-        from trainer import loop
-
-        try:
-            loop.train(config)
-        except loop.Preempted as preempted:
-            print(f"trainer: {preempted}", file=sys.stderr)
-            return exitcodes.RETRY
-        except jax.errors.JaxRuntimeError as error:
-            if "RESOURCE_EXHAUSTED" not in str(error):
-                raise
-            raise UserError(
-                f"out of device memory ({str(error).splitlines()[0][:200]}); lower --batch-size or --seq-len, "
-                "train adapters only with --lora-rank, or shard the state over more devices with --mesh fsdp=N"
-            ) from None
-    except UserError as error:
-        print(f"trainer: error: {error}", file=sys.stderr)
-        return exitcodes.USER_ERROR
-    return exitcodes.OK
+        loop.train(config)
+    except loop.Preempted as preempted:
+        print(f"trainer: {preempted}", file=sys.stderr)
+        return exitcodes.RETRY
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        raise UserError(
+            f"out of device memory ({str(error).splitlines()[0][:200]}); lower --batch-size or --seq-len, "
+            "train adapters only with --lora-rank, or shard the state over more devices with --mesh fsdp=N"
+        ) from None
 
 
 if __name__ == "__main__":

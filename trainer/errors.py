@@ -1,7 +1,32 @@
-"""The one exception type a trainer user can cause (bad flag, config, data file, tokenizer, directory)."""
+"""The one exception type a trainer user can cause (bad flag, config, data file, tokenizer, directory),
+and how the command-line entry points report it."""
+
+import functools
+import sys
+
+from trainer import exitcodes
 
 
 class UserError(Exception):
     """A problem the user can fix. The entry points print its message as one line and exit
     with `exitcodes.USER_ERROR`, without a traceback. The message names the offending
     flag or file and says how to fix it."""
+
+
+def entry_point(prefix: str = ""):
+    """Decorates a CLI `main`: a UserError becomes `{prefix}error: <message>` on stderr and
+    `exitcodes.USER_ERROR`; a main that returns nothing exits `exitcodes.OK`."""
+
+    def decorate(main):
+        @functools.wraps(main)
+        def run(*args, **kwargs) -> int:
+            try:
+                code = main(*args, **kwargs)
+            except UserError as error:
+                print(f"{prefix}error: {error}", file=sys.stderr)
+                return exitcodes.USER_ERROR
+            return exitcodes.OK if code is None else code
+
+        return run
+
+    return decorate

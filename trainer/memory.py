@@ -27,8 +27,8 @@ import dataclasses
 import math
 import sys
 
-from trainer import exitcodes, flops, hardware
-from trainer.errors import UserError
+from trainer import flops, hardware
+from trainer.errors import UserError, entry_point
 
 _BF16 = 2
 _F32 = 4
@@ -129,7 +129,8 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-def main(argv=None) -> int:
+@entry_point()
+def main(argv=None) -> int | None:
     from trainer import config, models  # gemma's import is slow: only the CLI pays for it
 
     defaults = config.TrainConfig()
@@ -149,13 +150,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     # vocab_size sizes only the tiny model, which has no row here.
     configs = {name: models.model_config(name, vocab_size=0) for name in args.models}
-    try:
-        print(table(configs, args.shapes, global_batch_size=args.batch_size, seq_len=args.seq_len, lora_rank=args.lora_rank))
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return exitcodes.USER_ERROR
+    print(table(configs, args.shapes, global_batch_size=args.batch_size, seq_len=args.seq_len, lora_rank=args.lora_rank))
     print(f"\nGlobal batch {args.batch_size} x {args.seq_len} tokens. Formula: trainer/memory.py.")
-    return exitcodes.OK
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ import argparse
 import pathlib
 import sys
 
-from trainer import exitcodes
-from trainer.errors import UserError
+from trainer.errors import UserError, entry_point
 from trainer.metrics import read_metrics
 
 
@@ -46,18 +45,14 @@ def plot_loss(metrics_jsonl, png_path) -> pathlib.Path:
     return png_path
 
 
-def main(argv=None) -> int:
+@entry_point()
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(prog="python -m trainer.plot", description=__doc__)
     parser.add_argument("metrics", help="a metrics.jsonl written by the trainer")
     parser.add_argument("--output", help="PNG to write (default: loss.png beside the metrics file)")
     args = parser.parse_args(argv)
     output = args.output or pathlib.Path(args.metrics).with_name("loss.png")
-    try:
-        print(plot_loss(args.metrics, output))
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return exitcodes.USER_ERROR
-    return exitcodes.OK
+    print(plot_loss(args.metrics, output))
 
 
 if __name__ == "__main__":

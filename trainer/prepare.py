@@ -20,9 +20,8 @@ import sys
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from trainer import exitcodes
 from trainer.corpus import SEPARATOR
-from trainer.errors import UserError
+from trainer.errors import UserError, entry_point
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -232,7 +231,8 @@ def prepare(input_path, tokenizer_path, output_dir, *, separator=SEPARATOR, work
     return meta
 
 
-def main(argv=None) -> int:
+@entry_point()
+def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.prepare",
         description="Tokenize a text corpus once into sharded ArrayRecord files for the trainer's --data.",
@@ -246,14 +246,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
-    try:
-        meta = prepare(args.input, args.tokenizer, args.output, separator=args.separator, workers=args.workers,
-                       log=lambda message: print(message, file=sys.stderr, flush=True))
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return exitcodes.USER_ERROR
+    meta = prepare(args.input, args.tokenizer, args.output, separator=args.separator, workers=args.workers,
+                   log=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"{args.output}: {meta['documents']} documents, {meta['tokens']} tokens, {len(meta['shards'])} shards")
-    return exitcodes.OK
 
 
 if __name__ == "__main__":

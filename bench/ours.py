@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
 from trainer import data as data_lib
-from trainer import loss, mesh, models, step
+from trainer import loss, mesh, models, precision, step
 from trainer.config import TrainConfig
-
-
-def compute_dtype():
-    """The rule of trainer/loop.py `train()`: float32 on CPU (bfloat16 is emulated there), bfloat16 elsewhere."""
-    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
 def optimizer_config(total_steps: int) -> step.OptimizerConfig:
@@ -38,7 +32,7 @@ class Ours(Side):
         optimizer = step.build_optimizer(optimizer_config(total_steps=1_000_000))
         params = models.init_params(model_config, seed=seed, out_shardings=shard)
         self.state = step.init_state(params, optimizer, state_shardings_fn=shard)
-        dtype = dtype or compute_dtype()
+        dtype = dtype or precision.compute_dtype()
         per_device_tokens = batch_size * seq_len // self.mesh.size
         self.functions = step.make_step_functions(
             models.build_model(model_config, dtype=dtype), optimizer, compute_dtype=dtype, lora=False,

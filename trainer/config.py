@@ -20,6 +20,7 @@ from trainer.errors import UserError
 
 MODEL_NAMES = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "gemma3-12b", "gemma3-27b", "tiny")
 LR_SCHEDULES = ("cosine", "constant")
+COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.precision's choice for the platform
 PRESETS = ("tiny",)
 MESH_AXES = ("data", "fsdp")
 # Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
@@ -48,6 +49,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     lora_rank: int = 0
+    compute_dtype: str = "auto"
     eval_fraction: float = 0.01
     eval_interval: int = 500
     checkpoint_dir: str | None = None  # None: WORKDIR/checkpoints
@@ -202,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--weight-decay", type=_non_negative_float, help=f"AdamW weight decay on matrices (default {d.weight_decay})")
     add("--grad-clip", type=_positive_float, help=f"clip gradients to this global norm (default {d.grad_clip})")
     add("--lora-rank", type=_non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
+    add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
+        "auto: bfloat16 on TPU, GPU and CPUs with native bfloat16 instructions, else float32 (default auto)")
     add("--eval-fraction", type=_fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")
     add("--eval-interval", type=_positive_int, help=f"steps between evaluations (default {d.eval_interval})")
     add("--checkpoint-dir", help="Orbax checkpoints, a local directory or gs:// path; a run resumes from its latest (default WORKDIR/checkpoints)")

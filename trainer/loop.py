@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-from trainer import checkpoint, flops, hardware, mesh, models, sampling, step
+from trainer import checkpoint, flops, hardware, mesh, models, precision, sampling, step
 from trainer import data as data_lib
 from trainer import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -76,8 +76,7 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
     inputs = resolve_inputs(config, workdir)
     model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size)
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
-    # bfloat16 on TPU/GPU; float32 on CPU, where bfloat16 matmuls are emulated and slower (measured ~1.5x).
-    compute_dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
     shard = lambda tree: mesh.state_shardings(device_mesh, tree)  # noqa: E731
     _check_batch(config, device_mesh)

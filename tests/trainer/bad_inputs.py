@@ -77,6 +77,8 @@ CASES = (
            error="argument --lr: expected a finite number >= 0, got 'inf'" + HELP),
     BadRun(section=FLAGS, case="unknown schedule", args=("--lr-schedule", "linear"),
            error="argument --lr-schedule: invalid choice: 'linear' (choose from 'cosine', 'constant')" + HELP),
+    BadRun(section=FLAGS, case="unknown compute dtype", args=("--compute-dtype", "float16"),
+           error="argument --compute-dtype: invalid choice: 'float16' (choose from 'auto', 'bfloat16', 'float32')" + HELP),
     BadRun(section=FLAGS, case="eval fraction of 1 or more", args=("--eval-fraction", "1.5"),
            error="argument --eval-fraction: expected a fraction in [0, 1), got '1.5'" + HELP),
     BadRun(section=FLAGS, case="eval fraction that selects no document", args=("--eval-fraction", "0.001"),
@@ -105,7 +107,7 @@ CASES = (
            error="--coordinator-address, --num-processes and --process-id go together: give all three or none"),
     BadRun(section=FLAGS, case="batch larger than the documents", args=("--batch-size", "1000"),
            error="--batch-size 1000: 400 training documents cannot fill 1000 batch rows; lower the batch size or add documents"),
-    BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000"),
+    BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000", "--compute-dtype", "float32"),
            error="out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating 7720769181252 bytes.); lower "
            "--batch-size or --seq-len, train adapters only with --lora-rank, or shard the state over more devices "
            "with --mesh fsdp=N"),

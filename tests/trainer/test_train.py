@@ -65,7 +65,9 @@ def test_lora_trains_only_the_adapters(tmp_path, prepared_dir, tokenizer_path, t
                      "--eval-fraction", "0", "--seed", "3")
     loop.train(parse_config(args))
     config = models.model_config("tiny", vocab_size=tokenized_data.vocab_size)
-    base = models.init_params(config, seed=3)  # --weights random: the frozen base
+    # --weights random: the frozen base, held in the run's compute dtype (so exported rounded to it).
+    compute_dtype = json.loads((tmp_path / "config.json").read_text())["compute_dtype"]
+    base = jax.tree.map(lambda p: p.astype(compute_dtype).astype(np.float32), models.init_params(config, seed=3))
     adapters = gm.ckpts.load_params(tmp_path / "export" / "lora")
     assert {k for path in jax.tree_util.tree_flatten_with_path(adapters)[0] for k in [str(path[0][-2])]} == {"['lora']"}
     initial = models.init_adapters(config, seed=4, lora_rank=4)

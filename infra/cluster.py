@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 
 from infra.component import Component, service_account_member
 from infra.config import StackConfig
+from infra.names import CPU_POOL_NAME
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 RELEASE_CHANNEL = "REGULAR"
@@ -21,8 +22,6 @@ NODE_ROLES = (
     "roles/monitoring.viewer",
     "roles/stackdriver.resourceMetadata.writer",
 )
-# Controllers (JobSet) and CPU jobs (data preparation) run here, never on TPU hosts.
-CPU_POOL_NAME = "cpu"
 CPU_MACHINE_TYPE = "e2-standard-4"
 CPU_POOL_NODES = (1, 3)  # autoscaling min, max
 

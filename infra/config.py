@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from infra import tpu
+from infra import names, tpu
 from infra.tpu import SliceSpec
 from infra.errors import ConfigError
 
@@ -35,10 +35,8 @@ TINYSTORIES_URL = (
 )
 SEQ_LEN_RANGE = (16, 32768)  # Gemma 3's shortest context window is 32K tokens
 LORA_RANK_MAX = 1024
-# Kubernetes names (DNS-1123 labels). Run names stay short because JobSet pod hostnames append
-# "-<replicatedjob>-<job>-<pod>" to them and a hostname is at most 63 characters.
+# Kubernetes names (DNS-1123 labels); a run name's limit depends on the names derived from it (infra.names).
 _DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
-RUN_NAME_MAX = 40
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
@@ -274,6 +272,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         raise ConfigError(f"{PROJECT}:image {image!r} is not an image URI; leave it empty to build trainer/")
     _check_dns_label(f"{PROJECT}:namespace", namespace, 63)
     _check_dns_label(f"{PROJECT}:serviceAccount", service_account, 63 - len(PREPARATION_SUFFIX))
+    _check_run_name(training_section.key("runName"), training.run_name, tpu_config, slice_spec)
     total_hosts = slice_spec.hosts * tpu_config.slices
     if training.batch_size % total_hosts:
         raise ConfigError(
@@ -322,7 +321,6 @@ def _parse_training(section: _Section) -> TrainingConfig:
         profiling=section.flag("profiling", False),
         run_name=section.text("runName", "gemma-finetune"),
     )
-    _check_dns_label(section.key("runName"), training.run_name, RUN_NAME_MAX)
     return training
 
 
@@ -345,6 +343,23 @@ def _check_tpu(section: _Section, config: TpuConfig, slice_spec: SliceSpec, clus
         raise ConfigError(
             f"{section.key('reservation')} is set but {section.key('capacity')} is {config.capacity!r}; "
             "set capacity: reservation or remove the reservation"
+        )
+
+
+def _check_run_name(key: str, run_name: str, config: TpuConfig, slice_spec: SliceSpec) -> None:
+    """The Job / JobSet, pod and coordinator names derived from the run name must be DNS labels, or
+    Kubernetes or the JobSet webhook refuses the training object on `pulumi up`."""
+    shape = {"slices": config.slices, "hosts_per_slice": slice_spec.hosts}
+    limit = names.run_name_max(**shape)
+    if not _DNS_LABEL.match(run_name):
+        _check_dns_label(key, run_name, limit)
+    over = names.too_long(names.generated_names(run_name, **shape))
+    if over:
+        what, name = next(iter(over.items()))
+        slices = f"{config.slices} slice{'s' if config.slices > 1 else ''} of {config.accelerator} {config.topology}"
+        raise ConfigError(
+            f"{key} {run_name!r} is too long for {slices}: the {what} would be {name!r} (x: the run's hash), "
+            f"{len(name)} characters, and Kubernetes allows {names.DNS_LABEL_MAX}; use at most {limit} characters"
         )
 
 

@@ -8,13 +8,9 @@ import pulumi_gcp as gcp
 from infra.cluster import CLOUD_PLATFORM_SCOPE, GkeCluster, gke_metadata
 from infra.component import Component
 from infra.config import StackConfig
+from infra.names import tpu_pool_name
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
-
-
-def pool_name(index: int) -> str:
-    """The node pool of slice `index`; multislice workloads place one slice's Job per pool."""
-    return f"tpu-slice-{index}"
 
 
 class TpuPools(Component):
@@ -32,9 +28,9 @@ class TpuPools(Component):
         spec = config.slice
         flex_start = config.tpu.capacity == "flex-start"
         return gcp.container.NodePool(
-            pool_name(index),
+            tpu_pool_name(index),
             gcp.container.NodePoolArgs(
-                name=pool_name(index),
+                name=tpu_pool_name(index),
                 cluster=cluster.cluster.name,
                 location=config.zone,
                 node_locations=[config.zone],

@@ -21,6 +21,7 @@ in `backoffLimit`; a JobSet's Jobs have `backoffLimit: 0` and the JobSet restart
 from typing import Any
 
 from infra.identity import WORKLOAD_IDENTITY_ANNOTATION
+from infra.names import SLICE_JOB
 from trainer import exitcodes
 from workloads.spec import (
     ARTIFACTS_MOUNT,
@@ -37,7 +38,9 @@ JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 TRAINER_CONTAINER = "trainer"
 WAIT_CONTAINER = "wait-for-data"
 PREPARE_CONTAINER = "prepare"
-SLICE_JOB = "slice"  # the JobSet's replicated job: one Job per slice
+# JobSet failure-policy rule names match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: no hyphens
+# (the CRD's description of failurePolicy.rules[].name; the validating webhook enforces it).
+FAIL_ON_ERRORS_RULE = "FailOnNonRetryableExit"
 EXCLUSIVE_TOPOLOGY = {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
 # pulumi-kubernetes otherwise waits for a Job to complete and fails the update after 10 minutes.
 SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
@@ -229,7 +232,7 @@ def training_jobset(spec: RunSpec) -> dict[str, Any]:
             "maxRestarts": spec.max_restarts,
             # A Job failed by its podFailurePolicy (a non-retryable exit) ends the run; any other
             # failed Job restarts the whole JobSet, counted against maxRestarts.
-            "rules": [{"name": "fail-on-errors", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+            "rules": [{"name": FAIL_ON_ERRORS_RULE, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
         },
         "replicatedJobs": [{"name": SLICE_JOB, "replicas": spec.slices, "template": {"spec": slice_job}}],
     }

@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from infra.cluster import CPU_POOL_NAME
 from infra.config import StackConfig, TpuConfig
+from infra.names import CPU_POOL_NAME, run_object_name
 from trainer import exitcodes
 
 # The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
@@ -43,7 +43,7 @@ _CAPACITY_SELECTORS = {
 }
 _RESERVATION_LABEL = "cloud.google.com/reservation-name"
 _NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
-_NAME_HASH_CHARS = 8
+_PREPARED_HASH_CHARS = 8
 
 
 def capacity_node_selector(tpu: TpuConfig) -> dict[str, str]:
@@ -108,8 +108,8 @@ def _email(config: StackConfig, account_id: str) -> str:
     return f"{account_id}@{config.project}.iam.gserviceaccount.com"
 
 
-def _short_hash(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:_NAME_HASH_CHARS]
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def run_spec(config: StackConfig, *, image: str) -> RunSpec:
@@ -117,8 +117,8 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
     shape gives a new name, hence a new run with its own checkpoints; no change, the same run."""
     training = config.training
     # Shards depend only on the corpus (the tokenizer is the model family's, see trainer.prepare).
-    prepared_key = _short_hash({"dataset": training.dataset})
-    name = f"{training.run_name}-{_short_hash({'training': asdict(training), 'image': image, 'tpu': asdict(config.tpu)})}"
+    prepared_key = _digest({"dataset": training.dataset})[:_PREPARED_HASH_CHARS]
+    name = run_object_name(training.run_name, _digest({"training": asdict(training), "image": image, "tpu": asdict(config.tpu)}))
     run_dir = f"runs/{name}"
     prepared_dir = f"prepared/{prepared_key}"
     return RunSpec(

@@ -175,8 +175,17 @@ CASES = (
              error="gemma-tpu:training.loraRank is -1; it must be between 0 and 1024"),
     BadStack(case="batch not divisible by the hosts", config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": {"batchSize": 6}},
              error="gemma-tpu:training.batchSize is 6; it must be divisible by the 4 hosts of 2 x 2x4 slices (each host loads an equal share)"),
-    BadStack(case="run name too long for pod hostnames", config={"gemma-tpu:training": {"runName": "r" * 41}},
-             error=f"gemma-tpu:training.runName '{'r' * 41}' must be at most 40 characters of a-z, 0-9 and '-', starting with a letter"),
+    BadStack(case="run name not a DNS label", config={"gemma-tpu:training": {"runName": "Run_1"}},
+             error="gemma-tpu:training.runName 'Run_1' must be at most 54 characters of a-z, 0-9 and '-', starting with a letter"),
+    BadStack(case="run name too long for the Job's pod label", config={"gemma-tpu:training": {"runName": "r" * 55}},
+             error=f"gemma-tpu:training.runName '{'r' * 55}' is too long for 1 slice of v6e 1x1: the Job name (the job-name "
+                   f"label of its pod) would be '{'r' * 55}-xxxxxxxx' (x: the run's hash), 64 characters, and Kubernetes "
+                   "allows 63; use at most 54 characters"),
+    BadStack(case="run name too long for the multislice coordinator",
+             config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": {"runName": "r" * 18}},
+             error=f"gemma-tpu:training.runName '{'r' * 18}' is too long for 2 slices of v6e 2x4: the coordinator address "
+                   f"(a label value) would be '{'r' * 18}-xxxxxxxx-slice-0-0.{'r' * 18}-xxxxxxxx' (x: the run's hash), 65 "
+                   "characters, and Kubernetes allows 63; use at most 17 characters"),
 )
 
 

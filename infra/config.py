@@ -39,6 +39,8 @@ LORA_RANK_MAX = 1024
 _DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+# A reservation in this project, or a shared one of another: projects/OWNER/reservations/NAME.
+_RESERVATION = re.compile(r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 # Service account IDs are at most 30 characters: f"gemma-{stack}-nodes" leaves 18 for the stack name.
 # Data preparation, the one writer of the data bucket, has its own Google and Kubernetes accounts,
@@ -339,6 +341,11 @@ def _check_tpu(section: _Section, config: TpuConfig, slice_spec: SliceSpec, clus
         )
     if config.capacity == "reservation" and not config.reservation:
         raise ConfigError(f"{section.key('reservation')} is required with capacity: reservation; give the reservation's name")
+    if config.reservation and not _RESERVATION.match(config.reservation):
+        raise ConfigError(
+            f"{section.key('reservation')} {config.reservation!r} is not a reservation; give its name (such as "
+            "my-tpus) or, for a reservation shared from another project, projects/OWNER_PROJECT/reservations/NAME"
+        )
     if config.reservation and config.capacity != "reservation":
         raise ConfigError(
             f"{section.key('reservation')} is set but {section.key('capacity')} is {config.capacity!r}; "

@@ -3,7 +3,8 @@
 Shapes: one host -> a batch/v1 Job; one multi-host slice -> a JobSet with one Job of `hosts` pods;
 N slices -> the same JobSet with `replicas: N` and exclusive placement, one slice's Job per node
 pool. Autopilot gets the same objects: pods find TPU nodes by the catalog's node selectors only
-(no node pool names), which is also all a Standard cluster needs.
+(no node pool names), which is also all a Standard cluster needs, except for a reservation: its
+pods select the node pools bound to it (spec.tpu_node_pools).
 
 Data before training: the data preparation Job writes its output with a marker file in it, renamed
 into place when complete (spec.PREPARED_MARKER_FILE). Every training pod starts with an init container that waits for that marker
@@ -26,6 +27,7 @@ from trainer import exitcodes
 from workloads.spec import (
     ARTIFACTS_MOUNT,
     DATA_MOUNT,
+    NODE_POOL_LABEL,
     PREPARE_DEADLINE_SECONDS,
     PROFILE_PORT,
     RETRYABLE_EXIT_CODES,
@@ -122,6 +124,14 @@ def _trainer_env(spec: RunSpec) -> list[dict[str, Any]]:
     return env
 
 
+def _node_pool_affinity(pools: tuple[str, ...]) -> dict[str, Any]:
+    """Pods that must land on these node pools (one for each slice's Job); nothing for none."""
+    if not pools:
+        return {}
+    term = {"matchExpressions": [{"key": NODE_POOL_LABEL, "operator": "In", "values": list(pools)}]}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}}
+
+
 def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
     tpu = {"google.com/tpu": str(spec.chips_per_host)}
     trainer = {
@@ -145,6 +155,7 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "nodeSelector": dict(spec.tpu_node_selector),
+            **_node_pool_affinity(spec.tpu_node_pools),
             "securityContext": _pod_security(),
             "initContainers": [_wait_for_data(spec)],
             "containers": [trainer],

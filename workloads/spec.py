@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from infra.config import StackConfig, TpuConfig
-from infra.names import CPU_POOL_NAME, run_object_name
+from infra.names import CPU_POOL_NAME, run_object_name, tpu_pool_name
 from trainer import exitcodes
 
 # The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
@@ -35,22 +35,30 @@ PREPARE_DEADLINE_SECONDS = 2 * 3600
 # Any other non-zero code is a code or config error and fails the run at once.
 RETRYABLE_EXIT_CODES = (exitcodes.RETRY, 128 + 9, 128 + 15)
 
-# Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from).
+# Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from). A
+# reservation has none on a node pool bound to it: `cloud.google.com/reservation-name` is set on
+# auto-provisioned and Autopilot nodes only, so reserved pods select their node pools instead.
 _CAPACITY_SELECTORS = {
     "on-demand": {},
     "spot": {"cloud.google.com/gke-spot": "true"},
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},
+    "reservation": {},
 }
-_RESERVATION_LABEL = "cloud.google.com/reservation-name"
-_NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 _PREPARED_HASH_CHARS = 8
 
 
 def capacity_node_selector(tpu: TpuConfig) -> dict[str, str]:
-    """The node labels that pick the configured capacity (Spot, a reservation, flex-start)."""
-    if tpu.capacity == "reservation":
-        return {_RESERVATION_LABEL: tpu.reservation}
+    """The node labels that pick the configured capacity (Spot, flex-start)."""
     return dict(_CAPACITY_SELECTORS[tpu.capacity])
+
+
+def tpu_node_pools(config: StackConfig) -> tuple[str, ...]:
+    """The node pools training pods must land on: the reservation's pools (one per slice) on
+    Standard; none (any node the selectors match) otherwise."""
+    if config.tpu.capacity != "reservation":
+        return ()
+    return tuple(tpu_pool_name(index) for index in range(config.tpu.slices))
 
 
 Shape = Literal["job", "jobset"]
@@ -75,6 +83,7 @@ class RunSpec:
     hosts_per_slice: int  # pods per slice, one per TPU host
     chips_per_host: int  # each pod's `google.com/tpu` request
     tpu_node_selector: dict[str, str]
+    tpu_node_pools: tuple[str, ...]  # empty: any node pool the selectors match
     cpu_node_selector: dict[str, str]  # data preparation; empty on Autopilot (GKE picks the node)
     data_bucket: str
     artifacts_bucket: str
@@ -134,7 +143,8 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
         hosts_per_slice=config.slice.hosts,
         chips_per_host=config.slice.chips_per_host,
         tpu_node_selector={**config.slice.node_selector, **capacity_node_selector(config.tpu)},
-        cpu_node_selector={_NODE_POOL_LABEL: CPU_POOL_NAME} if config.cluster_mode == "standard" else {},
+        tpu_node_pools=tpu_node_pools(config),
+        cpu_node_selector={NODE_POOL_LABEL: CPU_POOL_NAME} if config.cluster_mode == "standard" else {},
         data_bucket=config.data_bucket,
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,

@@ -136,6 +136,10 @@ CASES = (
     BadStack(case="flex-start on Autopilot",
              config={"gemma-tpu:cluster": {"mode": "autopilot"}, "gemma-tpu:tpu": {"capacity": "flex-start"}},
              error="gemma-tpu:tpu.capacity 'flex-start' is not supported with gemma-tpu:cluster.mode autopilot; choose one of on-demand, spot"),
+    BadStack(case="reservation path not of a shared reservation",
+             config={"gemma-tpu:tpu": {"capacity": "reservation", "reservation": "zones/us-east5-b/reservations/r"}},
+             error="gemma-tpu:tpu.reservation 'zones/us-east5-b/reservations/r' is not a reservation; give its name (such as "
+                   "my-tpus) or, for a reservation shared from another project, projects/OWNER_PROJECT/reservations/NAME"),
     BadStack(case="reservation on Autopilot",
              config={"gemma-tpu:cluster": {"mode": "autopilot"}, "gemma-tpu:tpu": {"capacity": "reservation", "reservation": "r"}},
              error="gemma-tpu:tpu.capacity 'reservation' is not supported with gemma-tpu:cluster.mode autopilot; choose one of on-demand, spot"),

@@ -48,7 +48,11 @@ def _check_consistent(values, stack):
                 assert "placementPolicy" not in pool
             assert bool(pool["nodeConfig"].get("spot")) == ("cloud.google.com/gke-spot" in selector)
             reserved = pool["nodeConfig"].get("reservationAffinity", {}).get("values")
-            assert reserved == ([selector["cloud.google.com/reservation-name"]] if reserved else None)
+            assert reserved == ([config.tpu.reservation] if config.tpu.capacity == "reservation" else None)
+        if "affinity" in pod["spec"]:  # pods bound to named pools: exactly the pools infra creates
+            (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            (expression,) = term["matchExpressions"]
+            assert sorted(expression["values"]) == sorted(pool["name"] for pool in pools)
     assert (pods_per_slice * chips) == config.slice.chips
 
     (namespace,) = _inputs_by_type(resources, "kubernetes:core/v1:Namespace")
@@ -71,6 +75,7 @@ def test_each_shipped_stack_runs_on_what_infra_creates(stack):
         ("multihost", {"topology": "4x4"}),
         ("dev", {"topology": "2x2", "capacity": "spot"}),
         ("multihost", {"capacity": "reservation", "reservation": "my-tpus"}),
+        ("multislice", {"capacity": "reservation", "reservation": "projects/team-project/reservations/shared-v6e"}),
     ],
 )
 def test_changing_topology_or_slices_moves_pools_and_workloads_together(stack, tpu_changes):

@@ -76,7 +76,6 @@ def test_multislice_is_two_slices_of_two_hosts_with_four_chips_placed_exclusivel
     ("tpu_changes", "selector"),
     [
         ({"capacity": "spot"}, {"cloud.google.com/gke-spot": "true"}),
-        ({"capacity": "reservation", "reservation": "my-tpus"}, {"cloud.google.com/reservation-name": "my-tpus"}),
         ({"capacity": "flex-start"}, {"cloud.google.com/gke-flex-start": "true"}),
     ],
 )
@@ -84,6 +83,20 @@ def test_capacity_adds_its_selector(tpu_changes, selector):
     config = edited_config("multihost", tpu=tpu_changes)
     pod = training_pod(manifests.training(spec_of(config)))
     assert pod["spec"]["nodeSelector"] == {**config.slice.node_selector, **selector}
+    assert "affinity" not in pod["spec"]
+
+
+@pytest.mark.parametrize("reservation", ["my-tpus", "projects/team-project/reservations/shared-v6e"])
+@pytest.mark.parametrize("stack", ["multihost", "multislice"])
+def test_reserved_pods_select_the_reservations_node_pools(stack, reservation):
+    """A node pool bound to a reservation carries no reservation label (GKE sets
+    cloud.google.com/reservation-name on auto-provisioned and Autopilot nodes only)."""
+    config = edited_config(stack, tpu={"capacity": "reservation", "reservation": reservation})
+    pod = training_pod(manifests.training(spec_of(config)))
+    assert pod["spec"]["nodeSelector"] == config.slice.node_selector
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    pools = [f"tpu-slice-{index}" for index in range(config.tpu.slices)]
+    assert term == {"matchExpressions": [{"key": "cloud.google.com/gke-nodepool", "operator": "In", "values": pools}]}
 
 
 def test_autopilot_selects_by_labels_only_and_standard_runs_preparation_on_the_cpu_pool():

@@ -52,7 +52,7 @@ COMMON = {
     "gemma-tpu:workloads:TrainingRun": 1,
     SERVICE: 7,
     "gcp:serviceaccount/account:Account": 3,  # nodes, training, data preparation
-    "gcp:projects/iAMMember:IAMMember": 4,  # the node account's logging and monitoring roles
+    "gcp:projects/iAMMember:IAMMember": 1,  # the node account's roles/container.defaultNodeServiceAccount
     CLUSTER: 1,
     BUCKET: 2,
     "gcp:storage/bucketIAMMember:BucketIAMMember": 3,
@@ -158,10 +158,7 @@ def test_iam_grants_are_exactly_these(stack):
     preparation = f"serviceAccount:{preparation_email(stack)}"
     project = f"project {PROJECT_ID}"
     assert iam_grants(stack) == {
-        (project, "roles/logging.logWriter", nodes),
-        (project, "roles/monitoring.metricWriter", nodes),
-        (project, "roles/monitoring.viewer", nodes),
-        (project, "roles/stackdriver.resourceMetadata.writer", nodes),
+        (project, "roles/container.defaultNodeServiceAccount", nodes),
         (f"gemma-{stack}", "roles/artifactregistry.reader", nodes),
         (f"{PROJECT_ID}-{stack}-data", "roles/storage.objectViewer", training),
         (f"{PROJECT_ID}-{stack}-artifacts", "roles/storage.objectUser", training),

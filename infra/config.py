@@ -35,6 +35,10 @@ TINYSTORIES_URL = (
 )
 SEQ_LEN_RANGE = (16, 32768)  # Gemma 3's shortest context window is 32K tokens
 LORA_RANK_MAX = 1024
+# The training pods' cache of the data bucket (prepared TinyStories: about 2 GiB). It sits on the TPU
+# node's boot disk (100 GB by default), beside the image.
+DATA_CACHE_GIB_DEFAULT = 20
+DATA_CACHE_GIB_MAX = 1000
 # Kubernetes names (DNS-1123 labels); a run name's limit depends on the names derived from it (infra.names).
 _DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -91,10 +95,13 @@ class StackConfig:
     artifacts_bucket: str
     force_destroy: bool  # buckets that `pulumi destroy` deletes go with their contents
     keep_artifacts: bool  # `pulumi destroy` leaves the artifacts bucket (checkpoints) in place
+    data_cache_gib: int  # each training pod's file cache of the data bucket, on its node's disk
     image: str | None  # None = build trainer/ into the stack's registry
     namespace: str
     service_account: str  # the Kubernetes ServiceAccount the training pods run as
     protect: bool  # GKE deletion protection and Pulumi `protect` on the cluster, buckets and registry
+    # The fallback if the TPU device files are not readable by the image's non-root user (docs/workloads.md).
+    trainer_runs_as_root: bool
     training: TrainingConfig
 
     @property
@@ -234,6 +241,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     namespace = top.text(f"{PROJECT}:namespace", "training")
     service_account = top.text(f"{PROJECT}:serviceAccount", "trainer")
     protect = top.flag(f"{PROJECT}:protect", False)
+    trainer_runs_as_root = top.flag(f"{PROJECT}:trainerRunsAsRoot", False)
     training_section = top.section(f"{PROJECT}:training")
 
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
@@ -248,6 +256,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     artifacts_bucket = storage.text("artifactsBucket", "") or f"{project}-{stack}-artifacts"
     force_destroy = storage.flag("forceDestroy", True)
     keep_artifacts = storage.flag("keepArtifacts", True)
+    data_cache_gib = storage.integer("dataCacheGiB", DATA_CACHE_GIB_DEFAULT, minimum=1, maximum=DATA_CACHE_GIB_MAX)
     training = _parse_training(training_section)
     for section in (top, cluster, tpu_section, storage, training_section):
         section.reject_unknown()
@@ -293,10 +302,12 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         artifacts_bucket=artifacts_bucket,
         force_destroy=force_destroy,
         keep_artifacts=keep_artifacts,
+        data_cache_gib=data_cache_gib,
         image=image or None,
         namespace=namespace,
         service_account=service_account,
         protect=protect,
+        trainer_runs_as_root=trainer_runs_as_root,
         training=training,
     )
 

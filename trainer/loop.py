@@ -56,6 +56,7 @@ def train(config: TrainConfig) -> dict:
     distributed = mesh.initialize_distributed(
         coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
     )
+    mesh.require_requested_platform()
     preemption = _PreemptionNotice(distributed)
     try:
         return _train(config, preemption)

@@ -58,6 +58,24 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
     return True
 
 
+def require_requested_platform() -> None:
+    """With JAX_PLATFORMS set, a backend that does not start is one clear error. Without it JAX
+    falls back to the host CPU with a warning, and a TPU pod would train on its CPU for hours; the
+    TPU pods set JAX_PLATFORMS=tpu (workloads.spec)."""
+    requested = os.environ.get("JAX_PLATFORMS", "").strip()
+    if not requested:
+        return
+    try:
+        jax.devices()
+    except RuntimeError as error:
+        reason = str(error).split(" (set JAX_PLATFORMS")[0]
+        raise UserError(
+            f"environment variable JAX_PLATFORMS={requested}: that backend did not start ({reason}); on a GKE TPU "
+            "node the pod must request google.com/tpu and its user must be able to open the TPU device files "
+            "(docs/workloads.md, 'Non-root pods and the TPU'); unset JAX_PLATFORMS to let JAX choose"
+        ) from None
+
+
 def _free_port() -> int:
     import socket
 

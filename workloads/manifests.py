@@ -50,6 +50,12 @@ _FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # The GCS FUSE sidecar keeps its file cache in this pod volume when it exists, on the node's disk,
 # instead of in its own small ephemeral-storage allowance.
 _FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+# The cache volume is larger than the cache (the driver's troubleshooting guide: a cache as large as
+# its volume fails with "no space left on device"), and the trainer container has room of its own
+# (logs, /tmp) besides; its ephemeral-storage request covers both, so the scheduler and Autopilot
+# give the pod that much disk.
+_CACHE_HEADROOM_GIB = 1
+_TRAINER_SCRATCH_GIB = 2
 _SOURCE_MOUNT = "/source"  # a gs:// dataset's bucket, read-only, in the preparation pod
 _SCRATCH_MOUNT = "/scratch"  # a downloaded dataset, in the preparation pod
 _PREPARE_CPUS = 2
@@ -64,20 +70,34 @@ def _labels(component: str, name: str) -> dict[str, str]:
     return {f"{_LABEL}/name": "gemma-tpu", f"{_LABEL}/component": component, f"{_LABEL}/instance": name}
 
 
-def _fuse_volume(name: str, bucket: str, *, read_only: bool, cached: bool = False) -> dict[str, Any]:
-    # Files on the mount belong to the pods' non-root user, so it may write where the volume allows.
-    attributes = {"bucketName": bucket, "mountOptions": f"uid={TRAINER_UID},gid={TRAINER_UID},allow_other"}
-    if cached:
+def _fuse_volume(name: str, bucket: str, *, uid: int, read_only: bool, cache_gib: int = 0) -> dict[str, Any]:
+    """A GCS FUSE CSI ephemeral volume whose files belong to `uid`, cached on disk up to `cache_gib`.
+
+    Mount options: the driver itself mounts with allow_other and default_permissions and keeps only
+    rw and ro for the kernel; every other option is handed to gcsfuse as `--name=value`. So an
+    `allow_other` here would become `--allow_other`, which gcsfuse has no flag for, and fail the
+    mount (GoogleCloudPlatform/gcs-fuse-csi-driver pkg/util/util.go, mount options prepared for
+    the kernel, and pkg/sidecar_mounter/sidecar_mounter.go, flags; the same from v1.4.0 to 2026).
+    `uid=`/`gid=` are gcsfuse flags in every version (the driver's default is root).
+    """
+    attributes = {"bucketName": bucket, "mountOptions": f"uid={uid},gid={uid}"}
+    if cache_gib:
         # Training data does not change during a run: cache whole files (also on the random reads
         # of the loader) and all their metadata. The metadata TTL stays at its default, so the
         # data wait sees the preparation marker appear instead of a cached "no such file".
         attributes |= {
-            "fileCacheCapacity": "-1",
+            "fileCacheCapacity": f"{cache_gib}Gi",
             "fileCacheForRangeRead": "true",
             "metadataStatCacheCapacity": "-1",
             "metadataTypeCacheCapacity": "-1",
         }
     return {"name": name, "csi": {"driver": _FUSE_DRIVER, "readOnly": read_only, "volumeAttributes": attributes}}
+
+
+def _fuse_cache_volume(cache_gib: int) -> dict[str, Any]:
+    """The sidecar's file cache volume, bounded: an emptyDir without a limit lets the cache fill
+    the node's disk, and on Autopilot the pod is evicted once it passes its ephemeral storage."""
+    return {"name": _FUSE_CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gib + _CACHE_HEADROOM_GIB}Gi"}}
 
 
 def _pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
@@ -87,8 +107,12 @@ def _pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
     return {"labels": labels, "annotations": annotations}
 
 
-def _pod_security() -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID}
+def _pod_security(uid: int) -> dict[str, Any]:
+    """The pod's user and group. Root (the gemma-tpu:trainerRunsAsRoot fallback) still runs with
+    every capability dropped: it only owns what root owns, such as the TPU device files."""
+    # fsGroup: the GCS FUSE sidecar (its own non-root user) may write the cache volume; without it
+    # it fails with "mkdir /gcsfuse-cache/.volumes: permission denied" (the driver's troubleshooting guide).
+    return {"runAsNonRoot": uid != 0, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid}
 
 
 _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -133,13 +157,14 @@ def _node_pool_affinity(pools: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
-    tpu = {"google.com/tpu": str(spec.chips_per_host)}
+    disk = spec.data_cache_gib + _CACHE_HEADROOM_GIB + _TRAINER_SCRATCH_GIB
+    resources = {"google.com/tpu": str(spec.chips_per_host), "ephemeral-storage": f"{disk}Gi"}
     trainer = {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
         "args": list(spec.trainer_args),
         "env": _trainer_env(spec),
-        "resources": {"requests": tpu, "limits": tpu},
+        "resources": {"requests": resources, "limits": resources},
         "volumeMounts": [
             {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
             {"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
@@ -156,13 +181,13 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "nodeSelector": dict(spec.tpu_node_selector),
             **_node_pool_affinity(spec.tpu_node_pools),
-            "securityContext": _pod_security(),
+            "securityContext": _pod_security(spec.trainer_uid),
             "initContainers": [_wait_for_data(spec)],
             "containers": [trainer],
             "volumes": [
-                _fuse_volume("data", spec.data_bucket, read_only=True, cached=True),
-                _fuse_volume("artifacts", spec.artifacts_bucket, read_only=False),
-                {"name": _FUSE_CACHE_VOLUME, "emptyDir": {}},
+                _fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
+                _fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
+                _fuse_cache_volume(spec.data_cache_gib),
             ],
         },
     }
@@ -286,7 +311,7 @@ def _dataset_source(spec: RunSpec) -> tuple[dict[str, str], list[dict[str, Any]]
     bucket, _, path = spec.dataset.removeprefix("gs://").partition("/")
     if bucket == spec.data_bucket:
         return {"INPUT": f"{DATA_MOUNT}/{path}"}, [], []
-    volume = _fuse_volume("source", bucket, read_only=True)  # read once, start to end: no cache
+    volume = _fuse_volume("source", bucket, uid=TRAINER_UID, read_only=True)  # read once, start to end: no cache
     mount = {"name": "source", "mountPath": _SOURCE_MOUNT, "readOnly": True}
     return {"INPUT": f"{_SOURCE_MOUNT}/{path}"}, [volume], [mount]
 
@@ -312,9 +337,9 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
             "serviceAccountName": spec.prepare_service_account,
             "restartPolicy": "Never",
             "nodeSelector": dict(spec.cpu_node_selector),
-            "securityContext": _pod_security(),
+            "securityContext": _pod_security(TRAINER_UID),
             "containers": [container],
-            "volumes": [_fuse_volume("data", spec.data_bucket, read_only=False), *source_volumes],
+            "volumes": [_fuse_volume("data", spec.data_bucket, uid=TRAINER_UID, read_only=False), *source_volumes],
         },
     }
     return {

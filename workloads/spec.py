@@ -86,6 +86,7 @@ class RunSpec:
     tpu_node_pools: tuple[str, ...]  # empty: any node pool the selectors match
     cpu_node_selector: dict[str, str]  # data preparation; empty on Autopilot (GKE picks the node)
     data_bucket: str
+    data_cache_gib: int  # the file cache of the data mount in each training pod
     artifacts_bucket: str
     dataset: str  # https:// URL or gs:// path of the raw text
     prepared_dir: str  # the prepared shards, relative to the data bucket
@@ -95,6 +96,7 @@ class RunSpec:
     trainer_env: dict[str, str]
     max_restarts: int
     profiling: bool
+    trainer_uid: int  # the training pods' user: TRAINER_UID, or 0 with gemma-tpu:trainerRunsAsRoot
 
     @property
     def multislice(self) -> bool:
@@ -146,15 +148,19 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
         tpu_node_pools=tpu_node_pools(config),
         cpu_node_selector={NODE_POOL_LABEL: CPU_POOL_NAME} if config.cluster_mode == "standard" else {},
         data_bucket=config.data_bucket,
+        data_cache_gib=config.data_cache_gib,
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
         prepared_dir=prepared_dir,
         prepare_name=f"prepare-data-{prepared_key}",
         run_dir=run_dir,
         trainer_args=_trainer_args(config, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
-        trainer_env={"MEGASCALE_NUM_SLICES": str(config.tpu.slices)},
+        # JAX_PLATFORMS: a TPU that cannot be opened fails the run (trainer.mesh) instead of JAX
+        # falling back to training on the host's CPU.
+        trainer_env={"JAX_PLATFORMS": "tpu", "MEGASCALE_NUM_SLICES": str(config.tpu.slices)},
         max_restarts=training.max_restarts,
         profiling=training.profiling,
+        trainer_uid=0 if config.trainer_runs_as_root else TRAINER_UID,
     )
 
 

@@ -55,7 +55,7 @@ def _entry(key: str, value: Any) -> str:
 
 KEYS = (
     "gcp:project, gcp:region, gcp:zone, gemma-tpu:cluster, gemma-tpu:tpu, gemma-tpu:storage, gemma-tpu:image, "
-    "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:training"
+    "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:trainerRunsAsRoot, gemma-tpu:training"
 )
 MULTISLICE = {"topology": "2x4", "slices": 2}
 
@@ -140,6 +140,8 @@ CASES = (
              config={"gemma-tpu:tpu": {"capacity": "reservation", "reservation": "zones/us-east5-b/reservations/r"}},
              error="gemma-tpu:tpu.reservation 'zones/us-east5-b/reservations/r' is not a reservation; give its name (such as "
                    "my-tpus) or, for a reservation shared from another project, projects/OWNER_PROJECT/reservations/NAME"),
+    BadStack(case="no data cache", config={"gemma-tpu:storage": {"dataCacheGiB": 0}},
+             error="gemma-tpu:storage.dataCacheGiB is 0; it must be between 1 and 1000"),
     BadStack(case="reservation on Autopilot",
              config={"gemma-tpu:cluster": {"mode": "autopilot"}, "gemma-tpu:tpu": {"capacity": "reservation", "reservation": "r"}},
              error="gemma-tpu:tpu.capacity 'reservation' is not supported with gemma-tpu:cluster.mode autopilot; choose one of on-demand, spot"),

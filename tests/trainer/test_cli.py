@@ -1,5 +1,6 @@
 """`python -m trainer`: flags, the YAML file, presets, and one clear line with exit code 2 for what a user gets wrong."""
 
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,15 @@ def test_help_documents_the_command():
     result = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--lora-rank", "--checkpoint-dir", "--mesh", "--samples, --no-samples", "--preset {tiny}"):
         assert flag in result.stdout
+
+
+def test_a_requested_platform_that_does_not_start_is_one_line_not_a_cpu_run(tmp_path):
+    """The TPU pods set JAX_PLATFORMS=tpu: a pod whose TPU cannot be opened stops with exit 2 instead
+    of training on the host's CPU (here: no TPU at all)."""
+    env = {**os.environ, "JAX_PLATFORMS": "tpu"}
+    done = subprocess.run([sys.executable, "-m", "trainer", "--preset", "tiny", "--workdir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == exitcodes.USER_ERROR, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("trainer: error: environment variable JAX_PLATFORMS=tpu: "), done.stderr
+    assert "TPU device files" in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

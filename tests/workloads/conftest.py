@@ -26,12 +26,13 @@ def stack_values(stack: str) -> dict[str, Any]:
     return values
 
 
-def edited_config(stack: str, **sections: dict[str, Any]) -> StackConfig:
-    """A shipped stack with some `gemma-tpu:<section>` keys changed, e.g. tpu={"slices": 3}."""
+def edited_config(stack: str, **sections: Any) -> StackConfig:
+    """A shipped stack with some `gemma-tpu:<section>` keys changed, e.g. tpu={"slices": 3}, or
+    top-level `gemma-tpu:` keys set, e.g. protect=True."""
     values = stack_values(stack)
     for section, changes in sections.items():
         key = f"gemma-tpu:{section}"
-        values[key] = {**(values.get(key) or {}), **changes}
+        values[key] = {**(values.get(key) or {}), **changes} if isinstance(changes, dict) else changes
     return parse_stack_config(values, stack)
 
 

@@ -187,12 +187,33 @@ def test_buckets_are_fuse_volumes_data_read_only_and_cached(stack):
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     data, artifacts = volumes["data"]["csi"], volumes["artifacts"]["csi"]
     assert (data["volumeAttributes"]["bucketName"], data["readOnly"]) == (spec.data_bucket, True)
-    assert data["volumeAttributes"]["fileCacheCapacity"] and data["volumeAttributes"]["fileCacheForRangeRead"] == "true"
+    assert data["volumeAttributes"]["fileCacheForRangeRead"] == "true"
     assert (artifacts["volumeAttributes"]["bucketName"], artifacts["readOnly"]) == (spec.artifacts_bucket, False)
     assert "fileCacheCapacity" not in artifacts["volumeAttributes"]  # written, not re-read
     mounts = {m["name"]: m for m in container(pod, "trainer")["volumeMounts"]}
     assert mounts["data"]["readOnly"] is True and not mounts["artifacts"].get("readOnly")
     assert pod["spec"]["serviceAccountName"] == spec.service_account == stack_config(stack).service_account
+
+
+def _gib(quantity: str) -> int:
+    assert quantity.endswith("Gi"), quantity
+    return int(quantity.removesuffix("Gi"))
+
+
+@pytest.mark.parametrize("cache_gib", [None, 7, 300])
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_data_cache_is_bounded_and_the_pod_asks_for_its_disk(stack, cache_gib):
+    """An unbounded cache on an emptyDir fills the node's disk, and evicts the pod on Autopilot."""
+    config = edited_config(stack, storage={"dataCacheGiB": cache_gib})
+    assert config.data_cache_gib == (cache_gib or 20)
+    pod = training_pod(manifests.training(spec_of(config)))
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    cache = _gib(volumes["data"]["csi"]["volumeAttributes"]["fileCacheCapacity"])
+    volume = _gib(volumes["gke-gcsfuse-cache"]["emptyDir"]["sizeLimit"])
+    requested = container(pod, "trainer")["resources"]["requests"]["ephemeral-storage"]
+    assert cache == config.data_cache_gib
+    assert cache < volume < _gib(requested)  # gcsfuse needs room past the cache, the container some of its own
+    assert pod["spec"]["securityContext"]["fsGroup"] == pod["spec"]["securityContext"]["runAsUser"]  # the sidecar writes the cache
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -227,6 +248,7 @@ def test_the_trainer_gets_the_stack_training_config_and_slice_count(stack):
         assert directory.startswith(f"{ARTIFACTS_MOUNT}/runs/{training.run_name}-")
     assert parsed.profile_port is None
     env = env_of(trainer)
+    assert env["JAX_PLATFORMS"] == "tpu"  # no TPU is an error, never a run on the host's CPU
     assert env["MEGASCALE_NUM_SLICES"] == str(config.tpu.slices)
     assert ("MEGASCALE_SLICE_ID" in env) == (config.tpu.slices > 1)
 
@@ -259,18 +281,31 @@ def test_run_name_changes_with_the_training_config_or_image_and_only_then():
     assert spec_of(edited_config("multihost", training={"learningRate": 1e-4})).prepared_dir == base.prepared_dir
 
 
+def _check_pod_security(pod, *, root: bool) -> None:
+    security = pod["spec"]["securityContext"]
+    assert (security["runAsNonRoot"], security["runAsUser"] == 0) == (not root, root)
+    for volume in (v for v in pod["spec"]["volumes"] if "csi" in v):  # the user owns the FUSE mounts
+        options = volume["csi"]["volumeAttributes"]["mountOptions"].split(",")
+        assert {f"uid={security['runAsUser']}", f"gid={security['runAsGroup']}"} <= set(options)
+    for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert not any("hostPath" in v for v in pod["spec"]["volumes"])
+
+
 def test_security_non_root_no_privilege_and_no_host_paths():
     for stack in STACKS:
         spec = spec_of(stack_config(stack))
         for pod in (training_pod(manifests.training(spec)), manifests.preparation_job(spec)["spec"]["template"]):
-            security = pod["spec"]["securityContext"]
-            assert security["runAsNonRoot"] is True
-            for volume in (v for v in pod["spec"]["volumes"] if "csi" in v):  # the user owns the FUSE mounts
-                options = volume["csi"]["volumeAttributes"]["mountOptions"].split(",")
-                assert {f"uid={security['runAsUser']}", f"gid={security['runAsGroup']}"} <= set(options)
-            assert all(not c["securityContext"]["allowPrivilegeEscalation"]
-                       for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []))  # fmt: skip
-            assert not any("hostPath" in v for v in pod["spec"]["volumes"])
+            _check_pod_security(pod, root=False)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_root_fallback_makes_only_training_pods_root_and_keeps_capabilities_dropped(stack):
+    """gemma-tpu:trainerRunsAsRoot, for TPU device files that the image's user cannot open."""
+    spec = spec_of(edited_config(stack, trainerRunsAsRoot=True))
+    _check_pod_security(training_pod(manifests.training(spec)), root=True)
+    _check_pod_security(manifests.preparation_job(spec)["spec"]["template"], root=False)
+    assert spec.name == spec_of(stack_config(stack)).name  # the same run: it resumes from its checkpoints
 
 
 def test_preparation_script_does_nothing_when_the_output_is_complete(tmp_path):

@@ -6,8 +6,8 @@ from infra.preview import PLACEHOLDER_PROJECT
 from infra.pricing import tpu_cost_per_hour
 
 HEADER = (
-    "| stack | cluster | TPU shape | chips | TPU hosts | TPU node pools | est. $/h on-demand | est. $/h Spot |\n"
-    "|---|---|---|---|---|---|---|---|"
+    "| stack | cluster | TPU shape | chips | TPU hosts | TPU node pools | est. $/h on-demand |\n"
+    "|---|---|---|---|---|---|---|"
 )
 
 
@@ -27,7 +27,7 @@ def markdown_table() -> str:
         )
         rows.append(
             f"| {config.stack} | {config.cluster_mode} | {slices}{spec.accelerator} {spec.topology} | {cost['chips']} "
-            f"| {config.total_hosts} | {pools} | {cost['onDemand']:.2f} | {cost['spot']:.2f} |"
+            f"| {config.total_hosts} | {pools} | {cost['onDemand']:.2f} |"
         )
     return "\n".join(rows)
 

@@ -271,7 +271,8 @@ def _jobset_generated_names(obj: Obj) -> list[str]:
 
 @rule("jobset-coordinator")
 def _jobset_coordinator(obj: Obj) -> list[str]:
-    """spec.coordinator names an existing replicated job, job and pod, and its address
+    """spec.coordinator names an existing replicated job, job and pod (podIndex below completions,
+    validateCoordinator), and its address
     `<jobset>-<rjob>-<job>-<pod>.<subdomain>` is a label value (the webhook sets it as one)."""
     if obj.get("kind") != "JobSet" or "coordinator" not in obj["spec"]:
         return []
@@ -284,9 +285,11 @@ def _jobset_coordinator(obj: Obj) -> list[str]:
     job_index, pod_index = coordinator.get("jobIndex", 0), coordinator.get("podIndex", 0)
     if not 0 <= job_index < rjob.get("replicas", 1):
         problems.append(f"{_label(obj)}: coordinator jobIndex {job_index} is not below replicas {rjob.get('replicas', 1)}")
-    pods = rjob["template"]["spec"].get("parallelism", 1)
-    if not 0 <= pod_index < pods:
-        problems.append(f"{_label(obj)}: coordinator podIndex {pod_index} is not below parallelism {pods}")
+    job = rjob["template"]["spec"]
+    if job.get("completionMode", "Indexed") != "Indexed" or "completions" not in job:
+        problems.append(f"{_label(obj)}: the coordinator's replicatedJob must be Indexed with completions set")
+    elif not 0 <= pod_index < job["completions"]:
+        problems.append(f"{_label(obj)}: coordinator podIndex {pod_index} is not below completions {job['completions']}")
     subdomain = obj["spec"].get("network", {}).get("subdomain") or obj["metadata"]["name"]
     address = f"{obj['metadata']['name']}-{rjob['name']}-{job_index}-{pod_index}.{subdomain}"
     if len(address) > DNS_LABEL_MAX or not _LABEL_VALUE.match(address):

@@ -20,9 +20,9 @@ CPU_POOL_NAME = "cpu"  # controllers (JobSet) and CPU jobs (data preparation)
 _RANDOM_POD_SUFFIX = "-abcde"  # what Kubernetes appends to a Job's pod names, as the webhook counts it
 
 
-def tpu_pool_name(index: int) -> str:
-    """The node pool of slice `index`; multislice workloads place one slice's Job per pool."""
-    return f"tpu-slice-{index}"
+def tpu_pool_names(slices: int) -> tuple[str, ...]:
+    """The node pool of each slice, in slice order; multislice workloads place one slice's Job per pool."""
+    return tuple(f"tpu-slice-{index}" for index in range(slices))
 
 
 def run_object_name(run_name: str, digest: str) -> str:

@@ -8,7 +8,7 @@ import pulumi_gcp as gcp
 from infra.cluster import CLOUD_PLATFORM_SCOPE, GkeCluster, gke_metadata
 from infra.component import Component
 from infra.config import StackConfig
-from infra.names import tpu_pool_name
+from infra.names import tpu_pool_names
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
@@ -21,16 +21,16 @@ class TpuPools(Component):
         super().__init__("TpuPools", name, after=after, opts=opts)
         self.pools: list[gcp.container.NodePool] = []
         if config.cluster_mode == "standard":
-            self.pools = [self._pool(config, cluster, index) for index in range(config.tpu.slices)]
+            self.pools = [self._pool(config, cluster, name) for name in tpu_pool_names(config.tpu.slices)]
         self.register_outputs({"pools": [pool.name for pool in self.pools]})
 
-    def _pool(self, config: StackConfig, cluster: GkeCluster, index: int) -> gcp.container.NodePool:
+    def _pool(self, config: StackConfig, cluster: GkeCluster, pool_name: str) -> gcp.container.NodePool:
         spec = config.slice
         flex_start = config.tpu.capacity == "flex-start"
         return gcp.container.NodePool(
-            tpu_pool_name(index),
+            pool_name,
             gcp.container.NodePoolArgs(
-                name=tpu_pool_name(index),
+                name=pool_name,
                 cluster=cluster.cluster.name,
                 location=config.zone,
                 node_locations=[config.zone],

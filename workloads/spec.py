@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from infra.config import StackConfig, TpuConfig
-from infra.names import CPU_POOL_NAME, run_object_name, tpu_pool_name
+from infra.names import CPU_POOL_NAME, run_object_name, tpu_pool_names
 from trainer import exitcodes
 
 # The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
@@ -58,7 +58,7 @@ def tpu_node_pools(config: StackConfig) -> tuple[str, ...]:
     Standard; none (any node the selectors match) otherwise."""
     if config.tpu.capacity != "reservation":
         return ()
-    return tuple(tpu_pool_name(index) for index in range(config.tpu.slices))
+    return tpu_pool_names(config.tpu.slices)
 
 
 Shape = Literal["job", "jobset"]

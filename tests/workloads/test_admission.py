@@ -11,7 +11,7 @@ import pytest
 from infra import names, tpu
 from infra.errors import ConfigError
 from tests.workloads import admission
-from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config
+from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config, training_pod
 from workloads import manifests
 
 
@@ -85,18 +85,12 @@ def _training(stack):
     return manifests.training(spec_of(stack_config(stack)))
 
 
-def _pod(obj):
-    if obj["kind"] == "Job":
-        return obj["spec"]["template"]
-    return obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-
-
 def _job(obj):
     return obj["spec"] if obj["kind"] == "Job" else obj["spec"]["replicatedJobs"][0]["template"]["spec"]
 
 
 def _volume(obj, name):
-    (volume,) = [v for v in _pod(obj)["spec"]["volumes"] if v["name"] == name]
+    (volume,) = [v for v in training_pod(obj)["spec"]["volumes"] if v["name"] == name]
     return volume
 
 
@@ -109,7 +103,7 @@ def _long_name(obj):
 
 
 def _container_rename(obj):
-    _pod(obj)["spec"]["containers"][0]["name"] = "Trainer"
+    training_pod(obj)["spec"]["containers"][0]["name"] = "Trainer"
 
 
 def _cache_unbounded(obj):
@@ -145,23 +139,23 @@ BREAKS = {
         lambda o: o["spec"]["coordinator"].update(replicatedJob="workers")),
     "Job name over its pod label": ("job-name-fits-its-pod-label", "dev", lambda o: o["metadata"].update(name="r" * 64)),
     "podFailurePolicy with restartPolicy OnFailure": ("pod-failure-policy", "dev",
-        lambda o: _pod(o)["spec"].update(restartPolicy="OnFailure")),
+        lambda o: training_pod(o)["spec"].update(restartPolicy="OnFailure")),
     "podFailurePolicy naming a missing container": ("pod-failure-policy", "multihost",
         lambda o: _job(o)["podFailurePolicy"]["rules"][0]["onExitCodes"].update(containerName="train")),
     "podFailurePolicy codes out of order": ("pod-failure-policy", "dev",
         lambda o: _job(o)["podFailurePolicy"]["rules"][0]["onExitCodes"].update(values=[143, 75])),
     "podFailurePolicy In on exit code 0": ("pod-failure-policy", "dev",
         lambda o: _job(o)["podFailurePolicy"]["rules"][0]["onExitCodes"].update(operator="In", values=[0, 1])),
-    "pod restartPolicy Always": ("pod-restart-policy", "dev", lambda o: _pod(o)["spec"].update(restartPolicy="Always")),
+    "pod restartPolicy Always": ("pod-restart-policy", "dev", lambda o: training_pod(o)["spec"].update(restartPolicy="Always")),
     "container name not a DNS label": ("names-are-dns-labels", "dev", _container_rename),
     "port name over 15": ("names-are-dns-labels", "dev",
-        lambda o: _pod(o)["spec"]["containers"][0].update(ports=[{"name": "profiler-server-port", "containerPort": 9012}])),
+        lambda o: training_pod(o)["spec"]["containers"][0].update(ports=[{"name": "profiler-server-port", "containerPort": 9012}])),
     "label value over 63": ("labels-are-valid", "dev", lambda o: o["metadata"]["labels"].update(run="r" * 64)),
     "mount of a volume the pod lacks": ("pod-references", "dev",
-        lambda o: _pod(o)["spec"]["containers"][0]["volumeMounts"].append({"name": "scratch", "mountPath": "/tmp/x"})),
+        lambda o: training_pod(o)["spec"]["containers"][0]["volumeMounts"].append({"name": "scratch", "mountPath": "/tmp/x"})),
     "TPU request below its limit": ("extended-resources", "multihost",
-        lambda o: _pod(o)["spec"]["containers"][0]["resources"].update(requests={"google.com/tpu": "2"})),
-    "runAsNonRoot as uid 0": ("non-root-user", "dev", lambda o: _pod(o)["spec"]["securityContext"].update(runAsUser=0)),
+        lambda o: training_pod(o)["spec"]["containers"][0]["resources"].update(requests={"google.com/tpu": "2"})),
+    "runAsNonRoot as uid 0": ("non-root-user", "dev", lambda o: training_pod(o)["spec"]["securityContext"].update(runAsUser=0)),
     "allow_other among the mount options (issue 16's defect)": ("gcs-fuse-volumes", "dev",
         lambda o: _set_mount_options(o, "uid=1000,gid=1000,allow_other")),
     "o=allow_other": ("gcs-fuse-volumes", "dev", lambda o: _set_mount_options(o, "uid=1000,o=allow_other")),
@@ -173,9 +167,9 @@ BREAKS = {
     "unbounded cache on an unbounded emptyDir (issue 16's defect)": ("gcs-fuse-volumes", "multislice", _cache_unbounded),
     "cache as large as its volume": ("gcs-fuse-volumes", "dev", _cache_as_large_as_its_volume),
     "custom cache volume without fsGroup": ("gcs-fuse-volumes", "dev",
-        lambda o: _pod(o)["spec"]["securityContext"].pop("fsGroup")),
+        lambda o: training_pod(o)["spec"]["securityContext"].pop("fsGroup")),
     "FUSE volumes without the sidecar annotation": ("gcs-fuse-volumes", "dev",
-        lambda o: _pod(o)["metadata"]["annotations"].pop("gke-gcsfuse/volumes")),
+        lambda o: training_pod(o)["metadata"]["annotations"].pop("gke-gcsfuse/volumes")),
 }  # fmt: skip
 
 

@@ -12,6 +12,8 @@ import math
 import pathlib
 import random
 
+from trainer.shared_files import replaced_atomically
+
 SEPARATOR = "<|endoftext|>"
 
 # Log-normal story length in words: median 100, sigma 0.55 -> mean ~113 words, ~200 tokens, ~23% past 256.
@@ -126,8 +128,7 @@ def write_corpus(path, *, num_stories: int, seed: int = 0) -> pathlib.Path:
     TinyStories text format). The same seed writes the same file."""
     rng = random.Random(seed)
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as out:
+    with replaced_atomically(path) as temporary, temporary.open("w", encoding="utf-8") as out:
         for _ in range(num_stories):
             out.write(f"{_story(rng)}\n{SEPARATOR}\n")
     return path

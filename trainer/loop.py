@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-from trainer import checkpoint, flops, hardware, mesh, models, precision, sampling, step
+from trainer import checkpoint, flops, hardware, mesh, models, precision, sampling, shared_files, step
 from trainer import data as data_lib
 from trainer import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -144,23 +144,26 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
 
 
 def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
-    """The tokenizer and the opened data; `--preset tiny` generates what it is not given."""
+    """The tokenizer and the opened data; `--preset tiny` generates what it is not given.
+
+    What is generated or prepared in the workdir is made by process 0 while the others wait
+    (mesh.process_zero_first): a multi-host slice shares one workdir.
+    """
     generated = workdir / "data"
-    data_source = config.data
-    if data_source is None:  # only with --preset (parse_config requires --data otherwise)
-        data_source = str(generated / "corpus.txt")
-        if not pathlib.Path(data_source).exists():
-            write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
+    data_source = config.data or str(generated / "corpus.txt")  # no --data only with --preset (parse_config)
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
-        if config.model == models.TINY:
-            tokenizer_path = str(generated / "tokenizer.model")
-            if not pathlib.Path(tokenizer_path).exists():
-                tokenizer_lib.train_tokenizer(data_source, tokenizer_path, vocab_size=DEMO_VOCAB_SIZE, seed=config.seed)
-        else:
-            tokenizer_path = models.OFFICIAL_TOKENIZER
+        tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else models.OFFICIAL_TOKENIZER
+
+    def make_and_open():
+        if config.data is None and not pathlib.Path(data_source).exists():
+            write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
+        if config.tokenizer is None and config.model == models.TINY and not pathlib.Path(tokenizer_path).exists():
+            tokenizer_lib.train_tokenizer(data_source, tokenizer_path, vocab_size=DEMO_VOCAB_SIZE, seed=config.seed)
+        return data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"))
+
+    data = mesh.process_zero_first(f"the inputs in {workdir}", make_and_open)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    data = data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"))
     return Inputs(data=data, tokenizer=tokenizer, data_source=data_source, tokenizer_path=tokenizer_path)
 
 
@@ -224,7 +227,7 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "compute_dtype": jnp.dtype(compute_dtype).name,
         "model_config": dataclasses.asdict(model_config),
     }
-    (workdir / "config.json").write_text(json.dumps(resolved, indent=2, default=str) + "\n")
+    shared_files.write_text_atomically(workdir / "config.json", json.dumps(resolved, indent=2, default=str) + "\n")
 
 
 class _PreemptionNotice:

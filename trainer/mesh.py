@@ -1,4 +1,5 @@
-"""Processes, devices and shardings: distributed init, the (data, fsdp) mesh, FSDP rules, global batches.
+"""Processes, devices and shardings: distributed init, work process 0 does first, the (data, fsdp)
+mesh, FSDP rules, global batches.
 
 Batches are split over both axes (FSDP is data parallel too); parameters and optimizer state are
 replicated over `data` and, when large, split over `fsdp`. With several slices (MEGASCALE_NUM_SLICES),
@@ -10,9 +11,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import jax
+# JAX's distributed runtime client (the coordination service's key-value store), as Orbax uses it:
+# a wait that is not a device collective, so it has a timeout of its own and carries a message.
+from jax._src import distributed
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -24,6 +29,12 @@ BATCH_AXES = ("data", "fsdp")
 # Arrays smaller than this stay replicated: splitting norms and biases saves nothing and costs collectives.
 MIN_FSDP_ELEMENTS = 2**16
 _ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin")
+T = TypeVar("T")
+# Process 0 may tokenize a multi-gigabyte --data file for a while before the others can start.
+WAIT_FOR_PROCESS_ZERO_S = 2 * 3600
+_DONE = "done"
+_USER_ERROR = "user error: "
+_CRASHED = "crashed: "
 
 
 def _accelerator_installed() -> bool:
@@ -56,6 +67,40 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
         # No cluster detected (e.g. a lone GPU box): become a one-process job of our own.
         jax.distributed.initialize(coordinator_address=f"localhost:{_free_port()}", num_processes=1, process_id=0)
     return True
+
+
+def process_zero_first(what: str, make: Callable[[], T]) -> T:
+    """Runs `make` on process 0 first, then on every other process, and returns its result.
+
+    `make` creates whatever of `what` is missing (each file atomically, trainer.shared_files) and opens it. On a shared
+    workdir the others then only read what process 0 made; on a host-local one each makes its own.
+    A UserError of process 0 is raised, with its message, in every process, so that all of them
+    fail with the same line instead of waiting for a peer that is gone.
+    """
+    client = distributed.global_state.client
+    if jax.process_count() == 1 or client is None:
+        return make()
+    key = f"gemma-tpu/process-zero-first/{what}"
+    if jax.process_index() == 0:
+        try:
+            result = make()
+        except UserError as error:
+            client.key_value_set(key, f"{_USER_ERROR}{error}", allow_overwrite=True)
+            raise
+        except BaseException as error:
+            client.key_value_set(key, f"{_CRASHED}{type(error).__name__}", allow_overwrite=True)
+            raise
+        client.key_value_set(key, _DONE, allow_overwrite=True)
+        return result
+    try:
+        word = client.blocking_key_value_get(key, WAIT_FOR_PROCESS_ZERO_S * 1000)
+    except jax.errors.JaxRuntimeError as error:
+        raise RuntimeError(f"waited for process 0 to make {what}: {str(error).splitlines()[0]}") from None
+    if word.startswith(_USER_ERROR):
+        raise UserError(word.removeprefix(_USER_ERROR))
+    if word.startswith(_CRASHED):
+        raise RuntimeError(f"process 0 failed to make {what} ({word.removeprefix(_CRASHED)}); its log has the traceback")
+    return make()
 
 
 def require_requested_platform() -> None:

@@ -6,6 +6,7 @@ import sys
 
 from trainer.errors import UserError, entry_point
 from trainer.metrics import read_metrics
+from trainer.shared_files import replaced_atomically
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -40,8 +41,8 @@ def plot_loss(metrics_jsonl, png_path) -> pathlib.Path:
     axes.legend()
     figure.tight_layout()
     png_path = pathlib.Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png_path, format="png")
+    with replaced_atomically(png_path) as temporary:
+        figure.savefig(temporary, format="png")
     return png_path
 
 

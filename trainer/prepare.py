@@ -14,7 +14,6 @@ import codecs
 import json
 import os
 import pathlib
-import shutil
 import sys
 
 import numpy as np
@@ -22,6 +21,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from trainer.corpus import SEPARATOR
 from trainer.errors import UserError, entry_point
+from trainer.shared_files import replaced_atomically
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -211,24 +211,16 @@ def prepare(input_path, tokenizer_path, output_dir, *, separator=SEPARATOR, work
         meta = read_meta(output_dir)
         _check_reusable(meta, output_dir, tokenizer, _source_identity(input_path, separator))
         return meta
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = output_dir.with_name(f".{output_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
     try:
-        meta = _write_prepared(input_path, tokenizer, partial, separator=separator, workers=workers,
-                               shard_bytes=shard_bytes, log=log)
-        if output_dir.is_dir():
-            output_dir.rmdir()  # empty (checked above); rename cannot replace a non-empty directory
-        os.rename(partial, output_dir)
+        with replaced_atomically(output_dir) as partial:  # replaces an empty output_dir, not a complete one
+            partial.mkdir()
+            return _write_prepared(input_path, tokenizer, partial, separator=separator, workers=workers,
+                                   shard_bytes=shard_bytes, log=log)
     except OSError:
         if not (output_dir / META_FILE).is_file():
             raise
         # Another process finished the same output first; keep its copy.
         return read_meta(output_dir)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return meta
 
 
 @entry_point()

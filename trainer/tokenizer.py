@@ -13,6 +13,7 @@ import sentencepiece as spm
 from etils import epath
 
 from trainer.errors import UserError
+from trainer.shared_files import replaced_atomically
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 # Bounds the memory of tokenizer training on a large corpus; a few hundred thousand lines are plenty.
@@ -53,8 +54,8 @@ def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: in
         shuffle_input_sentence=True,
         minloglevel=2,
     )
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    output_path.write_bytes(model.getvalue())
+    with replaced_atomically(output_path) as temporary:
+        temporary.write_bytes(model.getvalue())
     return output_path
 
 

@@ -142,6 +142,11 @@ def test_every_step_names_its_batch_and_the_batches_differ(reference):
     assert len(set(batches)) == STEPS
 
 
+def test_a_run_prints_no_tensorflow_notices(reference):
+    stderr = (reference.parent / "reference.stderr").read_text()
+    assert "oneDNN" not in stderr and "absl::InitializeLog" not in stderr, stderr
+
+
 def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tmp_path, inputs):
     workdir = tmp_path / "run"
     kill_points = sorted(random.Random(SEED).sample(range(2, STEPS - 8), SIGTERM_POINTS))

@@ -31,13 +31,22 @@ class OptimizerConfig:
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """The rate of each step, by optimizer count (step 1 is count 0).
+
+    Warmup rises linearly over the first `warmup_steps` steps, from lr/warmup_steps at step 1 to lr
+    at step `warmup_steps`: no step trains at rate 0 (optax's warmup schedules start at 0, which
+    would waste step 1 and report the initial weights' loss as its result). Then cosine decay to 0
+    at `total_steps`, or a constant rate.
+    """
     warmup = min(config.warmup_steps, config.total_steps)
     if config.lr_schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(
-            init_value=0.0, peak_value=config.lr, warmup_steps=warmup, decay_steps=max(config.total_steps, warmup + 1), end_value=0.0
-        )
-    ramp = optax.linear_schedule(0.0, config.lr, warmup) if warmup else optax.constant_schedule(config.lr)
-    return optax.join_schedules([ramp, optax.constant_schedule(config.lr)], [warmup])
+        after_warmup = optax.cosine_decay_schedule(config.lr, decay_steps=max(config.total_steps - warmup, 1))
+    else:
+        after_warmup = optax.constant_schedule(config.lr)
+    if not warmup:
+        return after_warmup
+    ramp = optax.linear_schedule(config.lr / warmup, config.lr, transition_steps=warmup - 1)
+    return optax.join_schedules([ramp, after_warmup], [warmup])
 
 
 def build_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:

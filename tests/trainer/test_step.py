@@ -15,19 +15,25 @@ def _optimizer_config(**overrides):
     return step.OptimizerConfig(**{**values, **overrides})
 
 
-def test_learning_rate_warms_up_linearly_then_decays_to_zero_or_stays():
-    cosine = step.learning_rate_schedule(_optimizer_config())
-    assert float(cosine(0)) == 0 and float(cosine(5)) == pytest.approx(5e-4) and float(cosine(10)) == pytest.approx(1e-3)
+def test_learning_rate_warms_up_linearly_from_a_non_zero_first_step_then_decays_to_zero_or_stays():
+    cosine = step.learning_rate_schedule(_optimizer_config())  # lr 1e-3, warmup 10 of 100 steps
+    # Step s trains at schedule(s - 1): step 1 at lr/10, step 10 at lr.
+    assert float(cosine(0)) == pytest.approx(1e-4) and float(cosine(5)) == pytest.approx(6e-4)
+    assert float(cosine(9)) == pytest.approx(1e-3) and float(cosine(10)) == pytest.approx(1e-3)
     assert float(cosine(55)) == pytest.approx(5e-4, rel=1e-3) and float(cosine(100)) == pytest.approx(0, abs=1e-9)
+    assert 0 < float(cosine(99)) < 1e-6  # the last step still trains
     constant = step.learning_rate_schedule(_optimizer_config(lr_schedule="constant"))
-    assert float(constant(5)) == pytest.approx(5e-4) and float(constant(10)) == float(constant(99)) == pytest.approx(1e-3)
+    assert float(constant(0)) == pytest.approx(1e-4) and float(constant(5)) == pytest.approx(6e-4)
+    assert float(constant(9)) == float(constant(99)) == pytest.approx(1e-3)
     no_warmup = step.learning_rate_schedule(_optimizer_config(lr_schedule="constant", warmup_steps=0))
     assert float(no_warmup(0)) == pytest.approx(1e-3)
+    one_step_warmup = step.learning_rate_schedule(_optimizer_config(warmup_steps=1))
+    assert float(one_step_warmup(0)) == pytest.approx(1e-3)
 
 
 def test_warmup_longer_than_the_run_is_accepted():
     schedule = step.learning_rate_schedule(_optimizer_config(warmup_steps=50, total_steps=20))
-    assert 0 < float(schedule(19)) <= 1e-3
+    assert 0 < float(schedule(0)) < float(schedule(19)) == pytest.approx(1e-3)  # the warmup ends with the run
 
 
 def test_weight_decay_pulls_matrices_but_not_norm_scales():

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+import time
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
@@ -23,6 +25,13 @@ from trainer.errors import UserError
 # What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
 # mismatch or damaged tensor data (ValueError), a missing item (KeyError), a missing file (OSError).
 _UNREADABLE = (ValueError, KeyError, OSError)
+# A read that fails is tried again after each of these delays: a FUSE or GCS hiccup passes.
+RETRY_DELAYS_S = (1.0, 4.0)
+# Checkpoints that do not read are set aside here (inside the checkpoint directory, where Orbax
+# lists no step), never deleted: a read can fail for a reason that passes.
+QUARANTINE_DIR = "quarantine"
+# More unreadable checkpoints in a row than this point at the run or the storage, not at damage.
+MAX_UNREADABLE_IN_A_ROW = 2
 
 
 def print_warning(message: str) -> None:
@@ -32,6 +41,13 @@ def print_warning(message: str) -> None:
 def _first_line(error: Exception) -> str:
     text = str(error).strip().splitlines()
     return (text[0] if text else type(error).__name__)[:200]
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether `ok` holds in every process of the job."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
 def absolute_path(path: str | pathlib.Path) -> epath.Path:
@@ -69,32 +85,76 @@ class Checkpointer:
         (ShapeDtypeStructs with shardings); moves `data_iterator` to the batch after that step.
 
         Orbax restores only the step it is given, so a latest checkpoint that a crash or a full disk
-        left damaged would stop every restart. Each one that fails to read is reported through `warn`
-        and deleted (its step is trained and saved again), and the one before it is tried.
+        left damaged would stop every restart. A read that fails is tried again (a FUSE or GCS hiccup
+        passes); a checkpoint that still does not read is moved aside into QUARANTINE_DIR, never
+        deleted, once an older one has read back (its steps are trained and saved again). When the
+        newest MAX_UNREADABLE_IN_A_ROW + 1 all fail, the cause is the run or the storage, not damage:
+        nothing is moved and the run stops with one line.
         """
-        failures = []
+        failures: list[tuple[int, str]] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
+            if len(failures) > MAX_UNREADABLE_IN_A_ROW:
+                break
             try:
-                restored = self._manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
-                    ),
-                )
+                restored = self._read(step, abstract_state, data_iterator, warn)
             except _UNREADABLE as error:
-                failures.append(f"step {step}: {_first_line(error)}")
+                failures.append((step, f"{type(error).__name__}: {_first_line(error)}"))
                 continue
-            for failure in failures:
-                warn(f"--checkpoint-dir {self.directory}: cannot restore {failure}; deleted it, resuming from step {step}")
-            for damaged in self._manager.all_steps():
-                if damaged > step:
-                    self._manager.delete(damaged)
+            for failed_step, reason in failures:
+                place = self._quarantine(failed_step, reason.split(":")[0])
+                warn(f"--checkpoint-dir {self.directory}: cannot restore step {failed_step} ({reason}); moved it to "
+                     f"{place}, resuming from step {step}. To try it again, stop the run and move it back to "
+                     f"{self._step_dir(failed_step)}")
             return step, restored["state"]
+        listed = "; ".join(f"step {step}: {reason}" for step, reason in failures)
+        if len(failures) == len(self._manager.all_steps()):
+            found = f"no checkpoint there restores into this run ({listed})"
+        else:
+            found = f"its newest {len(failures)} checkpoints do not restore into this run ({listed}), older ones not tried"
         raise UserError(
-            f"--checkpoint-dir {self.directory}: no checkpoint there restores into this run ({'; '.join(failures)}); "
-            "they are damaged or of another run (another --model, --lora-rank or tokenizer?): "
-            "use a new --workdir or --checkpoint-dir"
+            f"--checkpoint-dir {self.directory}: {found}; nothing was "
+            "moved. They are of another run (another --model, --lora-rank or tokenizer?) or unreadable from here "
+            "(permissions, another Orbax version): fix that, or use a new --workdir or --checkpoint-dir"
         )
+
+    def _read(self, step: int, abstract_state, data_iterator, warn) -> dict:
+        """Restores `step`, trying again after each delay of RETRY_DELAYS_S while the read fails.
+        With several processes, an attempt succeeds only if it did in every one of them."""
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
+        )
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                restored, error = self._manager.restore(step, args=args), None
+            except _UNREADABLE as failed:
+                restored, error = None, failed
+            if _everywhere(error is None):
+                return restored
+            if delay is None:
+                raise error or OSError(f"step {step} did not read in another process")
+            warn(f"--checkpoint-dir {self.directory}: reading step {step} failed "
+                 f"({_first_line(error) if error else 'in another process'}); trying again in {delay:g} s")
+            time.sleep(delay)
+
+    def _step_dir(self, step: int) -> epath.Path:
+        return absolute_path(self.directory) / str(step)
+
+    def _quarantine(self, step: int, reason: str) -> epath.Path:
+        """Moves the step's directory into QUARANTINE_DIR/<step>-<reason>, with its bytes as they are
+        (process 0 moves, the others wait), and has Orbax forget the step."""
+        quarantine = absolute_path(self.directory) / QUARANTINE_DIR
+        place = quarantine / f"{step}-{reason}"
+        if jax.process_index() == 0:
+            quarantine.mkdir(parents=True, exist_ok=True)
+            copy = 1
+            while place.exists():  # the same step set aside before, trained again and damaged again
+                copy += 1
+                place = quarantine / f"{step}-{reason}-{copy}"
+            self._step_dir(step).rename(place)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"quarantine step {step}")
+        self._manager.reload()
+        return place
 
     def close(self) -> None:
         self._manager.wait_until_finished()

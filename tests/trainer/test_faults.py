@@ -24,7 +24,7 @@ import pytest
 from gemma import gm
 
 from tests.trainer.test_train import tiny_args
-from trainer import exitcodes
+from trainer import checkpoint, exitcodes
 from trainer.__main__ import main
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -218,23 +218,42 @@ def _leave_half_written(step_dir: pathlib.Path) -> None:
     step_dir.rename(step_dir.with_name(f"{step_dir.name}.orbax-checkpoint-tmp-1"))
 
 
+def _contents(directory: pathlib.Path) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture
+def no_retry_delay(monkeypatch):
+    """Reads are still tried again (the tests count the attempts), without the waits between them."""
+    monkeypatch.setattr(checkpoint, "RETRY_DELAYS_S", (0.0, 0.0))
+
+
 @pytest.mark.parametrize("damage", [_truncate_tensor_data, _garble_data_position, _lose_the_state, _leave_half_written],
                          ids=lambda damage: damage.__name__.strip("_"))
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(damage, reference, tmp_path, capsys, prepared_dir,
-                                                                   tokenizer_path):
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_previous_one(
+        damage, reference, tmp_path, capsys, prepared_dir, tokenizer_path, no_retry_delay):
     """The reference's newest checkpoint (the last step) is damaged; the run resumes from the one
-    before, trains the steps after it again, and ends where the reference ended."""
+    before, trains the steps after it again, and ends where the reference ended. The damaged one is
+    moved into checkpoints/quarantine with its bytes as they were, never deleted."""
     workdir = tmp_path / "run"
     shutil.copytree(reference / "checkpoints", workdir / "checkpoints")
     latest, previous = _completed_checkpoints(workdir)[-1], _completed_checkpoints(workdir)[-2]
     damage(workdir / "checkpoints" / str(latest))
+    damaged = {path.name: _contents(path) for path in (workdir / "checkpoints").iterdir() if path.name.startswith(str(latest))}
 
     assert main(_args(workdir, prepared_dir, tokenizer_path)) == exitcodes.OK
     captured = capsys.readouterr()
     assert f"resuming from the checkpoint of step {previous}" in captured.out
     if damage is not _leave_half_written:  # Orbax itself never lists a temporary directory
-        assert re.search(rf"trainer: warning: --checkpoint-dir \S+: cannot restore step {latest}: .+; deleted it, "
-                         rf"resuming from step {previous}\n", captured.err), captured.err
+        assert captured.err.count(f"reading step {latest} failed") == len(checkpoint.RETRY_DELAYS_S), captured.err
+        moved = re.search(rf"trainer: warning: --checkpoint-dir \S+: cannot restore step {latest} \(.+\); moved it to "
+                          rf"(\S+), resuming from step {previous}\. To try it again, stop the run and move it back to "
+                          rf"\S+/checkpoints/{latest}\n", captured.err)  # fmt: skip
+        assert moved, captured.err
+        quarantined = pathlib.Path(moved.group(1))
+        assert quarantined.parent == workdir / "checkpoints" / checkpoint.QUARANTINE_DIR
+        assert quarantined.name.startswith(f"{latest}-")
+        assert _contents(quarantined) == damaged[str(latest)]  # every byte kept
     assert _completed_checkpoints(workdir)[-KEEP_CHECKPOINTS:] == _completed_checkpoints(reference)
     records = _training_records(workdir)
     assert [record["step"] for record in records] == list(range(previous + 1, STEPS + 1))
@@ -243,15 +262,19 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(damage, refe
     _assert_same_params(workdir, reference)
 
 
-def test_every_checkpoint_damaged_is_one_line_and_no_fresh_start(reference, tmp_path, capsys, prepared_dir,
-                                                                 tokenizer_path):
+def test_every_checkpoint_damaged_is_one_line_no_fresh_start_and_nothing_moved(
+        reference, tmp_path, capsys, prepared_dir, tokenizer_path, no_retry_delay):
     workdir = tmp_path / "run"
     shutil.copytree(reference / "checkpoints", workdir / "checkpoints")
     for step in _completed_checkpoints(workdir):
         _lose_the_state(workdir / "checkpoints" / str(step))
+    before = _contents(workdir / "checkpoints")
 
     assert main(_args(workdir, prepared_dir, tokenizer_path)) == exitcodes.USER_ERROR
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert "no checkpoint there restores into this run" in err and "use a new --workdir or --checkpoint-dir" in err
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and "Traceback" not in err, err
+    assert "no checkpoint there restores into this run" in err and "nothing was moved" in err
+    assert "use a new --workdir or --checkpoint-dir" in err
+    assert _contents(workdir / "checkpoints") == before
     assert not (workdir / "metrics.jsonl").exists() and not (workdir / "export").exists()

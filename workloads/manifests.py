@@ -13,10 +13,12 @@ on its read-only data mount. This ordering holds for every shape (a batch/v1 Job
 and after every restart (the marker is there: no wait). `pulumi up` additionally awaits the
 preparation Job before it creates the training objects, so a failed download fails the update.
 
-Failure semantics (exit codes from trainer.exitcodes, see spec.RETRYABLE_EXIT_CODES): a code or
-config error fails the run at once; a preemption, a signal or the trainer's RETRY code restarts
-it from its last checkpoint, at most `max_restarts` times. A batch/v1 Job counts those restarts
-in `backoffLimit`; a JobSet's Jobs have `backoffLimit: 0` and the JobSet restarts them as a whole.
+Failure semantics (exit codes from trainer.exitcodes, see spec.RETRYABLE_EXIT_CODES; the table
+in docs/workloads.md): a disruption (preemption, eviction, node shutdown: the pod's DisruptionTarget
+condition) restarts the run from its last checkpoint without spending a restart; the trainer's
+RETRY code restarts it, at most `max_restarts` times; any other exit (a code or config error, an
+OOM kill) fails the run at once. A batch/v1 Job counts restarts in `backoffLimit`; a JobSet's Jobs
+have `backoffLimit: 0` and the JobSet restarts them as a whole.
 """
 
 from typing import Any
@@ -43,6 +45,15 @@ PREPARE_CONTAINER = "prepare"
 # JobSet failure-policy rule names match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: no hyphens
 # (the CRD's description of failurePolicy.rules[].name; the validating webhook enforces it).
 FAIL_ON_ERRORS_RULE = "FailOnNonRetryableExit"
+RESTART_ON_DISRUPTION_RULE = "RestartOnDisruption"
+# The pod condition that the scheduler (preemption), the Eviction API (drain, node upgrade), the
+# taint manager, the pod garbage collector (node gone) and the kubelet (graceful node shutdown, as
+# on a Spot reclaim; node-pressure eviction) set on a pod they stop.
+DISRUPTION_CONDITION = "DisruptionTarget"
+# The Job controller's failure message for a pod-condition rule is "Pod NS/NAME has condition TYPE
+# matching ACTION rule at index N" (kubernetes pkg/controller/job/pod_failure_policy.go); JobSet
+# searches it with this RE2 pattern (jobset pkg/controllers/failure_policy.go, regexp.MatchString).
+DISRUPTION_MESSAGE_PATTERN = f"^Pod [^ ]+ has condition {DISRUPTION_CONDITION} matching FailJob rule"
 EXCLUSIVE_TOPOLOGY = {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
 # pulumi-kubernetes otherwise waits for a Job to complete and fails the update after 10 minutes.
 SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
@@ -193,15 +204,20 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def _fail_on_errors() -> dict[str, Any]:
-    """Fail the Job at once when the trainer (or the data wait) exits with a non-retryable code."""
+def _pod_failure_policy(on_disruption: str) -> dict[str, Any]:
+    """A disrupted pod (DisruptionTarget: preempted, evicted, its node shut down or gone) gets
+    `on_disruption`, whatever its exit code; otherwise the Job fails at once when the trainer (or the
+    data wait) exits with a non-retryable code. Rules are tried in order, the first match wins."""
     return {
         "rules": [
-            {
-                "action": "FailJob",
-                "onExitCodes": {"containerName": container, "operator": "NotIn", "values": sorted(RETRYABLE_EXIT_CODES)},
-            }
-            for container in (TRAINER_CONTAINER, WAIT_CONTAINER)
+            {"action": on_disruption, "onPodConditions": [{"type": DISRUPTION_CONDITION, "status": "True"}]},
+            *(
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {"containerName": container, "operator": "NotIn", "values": sorted(RETRYABLE_EXIT_CODES)},
+                }
+                for container in (TRAINER_CONTAINER, WAIT_CONTAINER)
+            ),
         ]
     }
 
@@ -247,7 +263,8 @@ def training_job(spec: RunSpec) -> dict[str, Any]:
         "metadata": _metadata(spec, spec.name, "train", SKIP_AWAIT),
         "spec": {
             "backoffLimit": spec.max_restarts,
-            "podFailurePolicy": _fail_on_errors(),
+            # A disruption replaces the pod without spending a restart.
+            "podFailurePolicy": _pod_failure_policy("Ignore"),
             "template": _trainer_pod(spec),
         },
     }
@@ -260,15 +277,22 @@ def training_jobset(spec: RunSpec) -> dict[str, Any]:
         "completions": spec.hosts_per_slice,
         "completionMode": "Indexed",
         "backoffLimit": 0,
-        "podFailurePolicy": _fail_on_errors(),
+        # Every failure fails the slice's Job; the JobSet's rules tell a disruption from an error
+        # by the Job's failure message.
+        "podFailurePolicy": _pod_failure_policy("FailJob"),
         "template": _trainer_pod(spec),
     }
     jobset_spec: dict[str, Any] = {
         "failurePolicy": {
             "maxRestarts": spec.max_restarts,
-            # A Job failed by its podFailurePolicy (a non-retryable exit) ends the run; any other
-            # failed Job restarts the whole JobSet, counted against maxRestarts.
-            "rules": [{"name": FAIL_ON_ERRORS_RULE, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+            # A Job failed on a disruption restarts the JobSet without spending a restart; one failed
+            # on a non-retryable exit ends the run; any other failed Job (a retryable exit, past
+            # backoffLimit 0) restarts the whole JobSet, counted against maxRestarts.
+            "rules": [
+                {"name": RESTART_ON_DISRUPTION_RULE, "action": "RestartJobSetAndIgnoreMaxRestarts",
+                 "onJobFailureReasons": ["PodFailurePolicy"], "onJobFailureMessagePatterns": [DISRUPTION_MESSAGE_PATTERN]},
+                {"name": FAIL_ON_ERRORS_RULE, "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            ],  # fmt: skip
         },
         "replicatedJobs": [{"name": SLICE_JOB, "replicas": spec.slices, "template": {"spec": slice_job}}],
     }

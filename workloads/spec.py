@@ -30,10 +30,12 @@ TERMINATION_GRACE_SECONDS = 300
 # Data preparation downloads and tokenizes the corpus once (TinyStories: ~2 GB of text). Past this
 # it is stopped, and training pods waiting for its output give up after the same time.
 PREPARE_DEADLINE_SECONDS = 2 * 3600
-# Exit codes after which a run is restarted (from its last checkpoint): the trainer's own "I
-# checkpointed, retry me", and the SIGTERM (128+15) / SIGKILL (128+9) of a preemption or eviction.
-# Any other non-zero code is a code or config error and fails the run at once.
-RETRYABLE_EXIT_CODES = (exitcodes.RETRY, 128 + 9, 128 + 15)
+# Exit codes after which a run is restarted (from its last checkpoint), counted against maxRestarts:
+# the trainer's own "I checkpointed, retry me" and a SIGTERM (128+15) that came before its handler.
+# Any other non-zero code fails the run at once: a code or config error, or a SIGKILL (128+9) of the
+# kernel's OOM killer, which a restart would only meet again. A preemption, eviction or node
+# shutdown is told apart by the pod's DisruptionTarget condition, whatever the code (manifests).
+RETRYABLE_EXIT_CODES = (exitcodes.RETRY, 128 + 15)
 
 # Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from). A
 # reservation has none on a node pool bound to it: `cloud.google.com/reservation-name` is set on

@@ -43,6 +43,11 @@ _RULE_NAME_MAX = 128
 # JobSet jobset_types.go: the Job failure reasons a failure-policy rule may match.
 _JOB_FAILURE_REASONS = {"BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexes", "MaxFailedIndexesExceeded", "PodFailurePolicy"}
 _RANDOM_POD_SUFFIX = "-abcde"  # the webhook counts a pod name with the 5 characters Kubernetes adds
+# batch validation.go: the podFailurePolicy actions; pod-condition patterns need a qualified type
+# name and a status (defaulted to True).
+_POD_FAILURE_ACTIONS = {"Count", "FailIndex", "FailJob", "Ignore"}
+_CONDITION_STATUSES = {"True", "False", "Unknown"}
+_QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # batch validation.go: at most 20 podFailurePolicy rules, 255 exit codes a rule.
 _POD_FAILURE_RULES_MAX = 20
 _EXIT_CODES_MAX = 255
@@ -153,8 +158,10 @@ def _job_name(obj: Obj) -> list[str]:
 
 @rule("pod-failure-policy")
 def _pod_failure_policy(obj: Obj) -> list[str]:
-    """batch validation.go validatePodFailurePolicy: restartPolicy Never, existing container names,
-    no exit code 0 with In, codes unique and ascending, at most 20 rules of at most 255 codes."""
+    """batch validation.go validatePodFailurePolicy: restartPolicy Never, known actions (FailIndex
+    with backoffLimitPerIndex), one matcher a rule, pod conditions with a type and status, existing
+    container names, no exit code 0 with In, codes unique and ascending, at most 20 rules of at most
+    255 codes."""
     problems = []
     for where, job in _job_specs(obj):
         policy = job.get("podFailurePolicy")
@@ -168,6 +175,17 @@ def _pod_failure_policy(obj: Obj) -> list[str]:
             problems.append(f"{where}: {len(rules)} podFailurePolicy rules, at most {_POD_FAILURE_RULES_MAX}")
         names = {c.get("name") for c in _containers(pod)}
         for index, policy_rule in enumerate(rules):
+            action = policy_rule.get("action")
+            if action not in _POD_FAILURE_ACTIONS:
+                problems.append(f"{where}: podFailurePolicy rule {index} action {action!r} is not one of {sorted(_POD_FAILURE_ACTIONS)}")
+            if action == "FailIndex" and "backoffLimitPerIndex" not in job:
+                problems.append(f"{where}: podFailurePolicy rule {index} FailIndex requires backoffLimitPerIndex")
+            if ("onExitCodes" in policy_rule) == ("onPodConditions" in policy_rule):
+                problems.append(f"{where}: podFailurePolicy rule {index} needs exactly one of onExitCodes and onPodConditions")
+            for pattern in policy_rule.get("onPodConditions", []):
+                if not _QUALIFIED_NAME.match(pattern.get("type", "")) or pattern.get("status", "True") not in _CONDITION_STATUSES:
+                    problems.append(f"{where}: podFailurePolicy rule {index} pod condition {pattern} needs a condition "
+                                    f"type and a status of {sorted(_CONDITION_STATUSES)}")
             codes = policy_rule.get("onExitCodes")
             if codes is None:
                 continue
@@ -299,8 +317,8 @@ def _jobset_coordinator(obj: Obj) -> list[str]:
 
 @rule("jobset-failure-policy")
 def _jobset_failure_policy(obj: Obj) -> list[str]:
-    """Rule names match the CRD's pattern and are unique; reasons are Job failure reasons;
-    targetReplicatedJobs exist."""
+    """Rule names match the CRD's pattern and are unique; reasons are Job failure reasons; message
+    patterns are RE2 that compiles; targetReplicatedJobs exist."""
     if obj.get("kind") != "JobSet":
         return []
     rules = obj["spec"].get("failurePolicy", {}).get("rules", [])
@@ -318,6 +336,16 @@ def _jobset_failure_policy(obj: Obj) -> list[str]:
             for reason in policy_rule.get("onJobFailureReasons", [])
             if reason not in _JOB_FAILURE_REASONS
         ]
+        # The webhook does not compile these: an invalid one is logged by the controller and never
+        # matches (failure_policy.go). Python's re stands in for RE2 here (RE2 refuses lookarounds
+        # and backreferences, which Python takes).
+        for pattern in policy_rule.get("onJobFailureMessagePatterns", []):
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                problems.append(f"{_label(obj)}: failure policy rule {name!r} message pattern {pattern!r} does not compile ({error})")
+            if re.search(r"\(\?[=!<]|\\[1-9]", pattern):
+                problems.append(f"{_label(obj)}: failure policy rule {name!r} message pattern {pattern!r} is not RE2 (lookaround or backreference)")
         problems += [
             f"{_label(obj)}: failure policy rule {name!r} targets replicatedJob {target!r}, which does not exist"
             for target in policy_rule.get("targetReplicatedJobs", [])

@@ -6,7 +6,8 @@ import subprocess
 import pytest
 
 from infra import tpu
-from tests.workloads.conftest import IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
+from tests.workloads import failure_events
+from tests.workloads.conftest import REPO, IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
 from trainer import exitcodes, prepare
 from trainer.config import parse_config
 from workloads import manifests
@@ -17,28 +18,6 @@ EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 
 def env_of(container_spec):
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container_spec.get("env", [])}
-
-
-def run_fate(obj, container_name: str, exit_code: int) -> str:
-    """'fail' or 'restart': what Kubernetes and JobSet do with a run whose `container_name` exited
-    with `exit_code`, following the podFailurePolicy and failurePolicy semantics."""
-    job = obj["spec"] if obj["kind"] == "Job" else obj["spec"]["replicatedJobs"][0]["template"]["spec"]
-    action = "Count"
-    for rule in job["podFailurePolicy"]["rules"]:
-        requirement = rule["onExitCodes"]
-        if requirement.get("containerName", container_name) != container_name:
-            continue
-        if (exit_code in requirement["values"]) == (requirement["operator"] == "In"):
-            action = rule["action"]
-            break
-    if obj["kind"] == "Job":
-        return "restart" if action == "Count" and job["backoffLimit"] > 0 else "fail"
-    assert job["backoffLimit"] == 0, "a JobSet's Jobs leave restarts to the JobSet"
-    reason = "PodFailurePolicy" if action == "FailJob" else "BackoffLimitExceeded"
-    for rule in obj["spec"]["failurePolicy"]["rules"]:
-        if reason in rule.get("onJobFailureReasons", [reason]):
-            return "fail" if rule["action"] == "FailJobSet" else "restart"
-    return "restart" if obj["spec"]["failurePolicy"]["maxRestarts"] > 0 else "fail"
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -110,19 +89,26 @@ def test_autopilot_selects_by_labels_only_and_standard_runs_preparation_on_the_c
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_errors_fail_the_run_at_once_and_preemptions_restart_it(stack):
+@pytest.mark.parametrize("failure", failure_events.EVENTS, ids=lambda failure: failure.event)
+def test_disruptions_restart_uncounted_errors_and_oom_fail_at_once_and_retry_me_is_counted(stack, failure):
+    run = manifests.training(spec_of(stack_config(stack)))
+    assert failure_events.fate(run, failure) == failure.outcome
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_restarts_are_capped_and_pods_have_time_to_checkpoint(stack):
     config = stack_config(stack)
     run = manifests.training(spec_of(config))
-    for code in (exitcodes.RETRY, 128 + 15, 128 + 9):  # retry me, SIGTERM, SIGKILL
-        assert run_fate(run, "trainer", code) == "restart", code
-        assert run_fate(run, "wait-for-data", code) == "restart", code
-    for code in (exitcodes.USER_ERROR, 1, 139):  # bad config, a crash, a segfault
-        assert run_fate(run, "trainer", code) == "fail", code
-    assert run_fate(run, "wait-for-data", exitcodes.USER_ERROR) == "fail"
     restarts = run["spec"]["backoffLimit"] if run["kind"] == "Job" else run["spec"]["failurePolicy"]["maxRestarts"]
     assert restarts == config.training.max_restarts
     pod = training_pod(run)["spec"]
     assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= 60
+
+
+def test_docs_table_of_pod_failures_is_what_the_objects_do():
+    assert failure_events.shipped_table() in (REPO / "docs" / "workloads.md").read_text(), (
+        "regenerate the table in docs/workloads.md with `python -m tests.workloads.failure_events`"
+    )
 
 
 def test_max_restarts_comes_from_the_stack_config():

@@ -43,6 +43,13 @@ def _first_line(error: Exception) -> str:
     return (text[0] if text else type(error).__name__)[:200]
 
 
+def _of_another_run(error: Exception | None) -> bool:
+    """Whether Orbax refused the read because the checkpoint's tree is not this run's (another
+    --model, --lora-rank or tokenizer): reading it again cannot help. Any other failure is retried;
+    should Orbax reword this message, such a read is only retried in vain."""
+    return isinstance(error, ValueError) and "tree structures do not match" in str(error)
+
+
 def _everywhere(ok: bool) -> bool:
     """Whether `ok` holds in every process of the job."""
     if jax.process_count() == 1:
@@ -118,8 +125,9 @@ class Checkpointer:
         )
 
     def _read(self, step: int, abstract_state, data_iterator, warn) -> dict:
-        """Restores `step`, trying again after each delay of RETRY_DELAYS_S while the read fails.
-        With several processes, an attempt succeeds only if it did in every one of them."""
+        """Restores `step`, trying again after each delay of RETRY_DELAYS_S while the read fails (not
+        when the checkpoint is of another run). With several processes, an attempt succeeds only if
+        it did in every one of them."""
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=grain.checkpoint.CheckpointRestore(data_iterator)
         )
@@ -130,7 +138,7 @@ class Checkpointer:
                 restored, error = None, failed
             if _everywhere(error is None):
                 return restored
-            if delay is None:
+            if delay is None or _of_another_run(error):
                 raise error or OSError(f"step {step} did not read in another process")
             warn(f"--checkpoint-dir {self.directory}: reading step {step} failed "
                  f"({_first_line(error) if error else 'in another process'}); trying again in {delay:g} s")

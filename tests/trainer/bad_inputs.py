@@ -194,9 +194,10 @@ CASES = (
            "the checkpoint, the model needs (400, 128) (another --model, or a tokenizer with another vocabulary size?)"),
     BadRun(section=MODEL_FILES, case="checkpoints of another model", args=("--checkpoint-dir", "first/checkpoints",
            "--lora-rank", "4"), provided={"first": "a finished run with tokenizer.model"},
-           error="--checkpoint-dir first/checkpoints: no checkpoint there restores into this run (step 1: User-provided "
-           "restore item and on-disk value metadata tree structures do not match:); they are damaged or of another run "
-           "(another --model, --lora-rank or tokenizer?): use a new --workdir or --checkpoint-dir"),
+           error="--checkpoint-dir first/checkpoints: no checkpoint there restores into this run (step 1: ValueError: "
+           "User-provided restore item and on-disk value metadata tree structures do not match:); nothing was moved. "
+           "They are of another run (another --model, --lora-rank or tokenizer?) or unreadable from here (permissions, "
+           "another Orbax version): fix that, or use a new --workdir or --checkpoint-dir"),
     BadRun(section=MODEL_FILES, case="checkpoint directory under a file", args=("--checkpoint-dir", "notes.txt/checkpoints"),
            files={"notes.txt": b"buy milk"},
            error="--checkpoint-dir notes.txt/checkpoints: cannot use it (Not a directory); choose a directory this job can write"),

@@ -1,13 +1,13 @@
 """The Pulumi program of the gemma-tpu project: read the stack config, declare the stack.
 
-What it declares is in infra/program.py; review it offline with `python -m infra.preview --stack NAME`.
+What it declares is in stack.py; review it offline with `python -m infra.preview --stack NAME`.
 """
 
 import pulumi
 
-from infra.config import from_pulumi
+from infra.stack_files import from_pulumi
 from infra.errors import ConfigError
-from infra.program import run
+from stack import declare_stack
 
 try:
     config = from_pulumi()
@@ -15,4 +15,4 @@ except ConfigError as error:
     # RunError ends `pulumi up` with this one line instead of a traceback.
     raise pulumi.RunError(str(error)) from None
 
-run(config)
+declare_stack(config)

@@ -83,7 +83,7 @@ class GkeCluster(Component):
             config.cluster_name,
             gcp.container.ClusterArgs(
                 name=config.cluster_name,
-                location=config.zone,  # zonal: compact placement of TPU slices needs a single zone
+                location=config.cluster_location,
                 release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
                 # The default pool is replaced by the CPU and TPU pools; even while it exists it
                 # runs as the node account, never the project-Editor default Compute Engine one.
@@ -117,7 +117,7 @@ class GkeCluster(Component):
             config.cluster_name,
             gcp.container.ClusterArgs(
                 name=config.cluster_name,
-                location=config.region,  # Autopilot clusters are regional
+                location=config.cluster_location,
                 enable_autopilot=True,
                 release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
                 cluster_autoscaling=gcp.container.ClusterClusterAutoscalingArgs(
@@ -138,7 +138,7 @@ class GkeCluster(Component):
             gcp.container.NodePoolArgs(
                 name=CPU_POOL_NAME,
                 cluster=self.cluster.name,
-                location=config.zone,
+                location=config.cluster_location,  # a node pool lives where its cluster does
                 initial_node_count=min_nodes,
                 autoscaling=gcp.container.NodePoolAutoscalingArgs(min_node_count=min_nodes, max_node_count=max_nodes),
                 management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),

@@ -23,11 +23,11 @@ from pulumi.output import Unknown
 from pulumi.runtime import mocks, rpc
 from pulumi.runtime import settings
 
-from infra.config import PROJECT, PROJECT_ROOT, read_stack_values
+from infra.config import PROJECT
 from infra.errors import ConfigError
+from infra.stack_files import PLACEHOLDER_PROJECT, PROJECT_ROOT, offline_values
 
 PROGRAM = PROJECT_ROOT / "__main__.py"
-PLACEHOLDER_PROJECT = "my-project"  # the shipped stack files leave gcp:project to the user
 PLACEHOLDER_ENDPOINT = "203.0.113.10"  # TEST-NET-3, never a real cluster
 PLACEHOLDER_CA = "PLACEHOLDER-CLUSTER-CA"
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # of an image build, known only after the push
@@ -225,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print a JSON list of {type, name, parent, inputs, dependsOn}")
     args = parser.parse_args(argv)
     try:
-        values, stack = read_stack_values(args.stack)
-        if "gcp:project" not in values:
-            print(f"note: gcp:project is not set for stack {stack}; previewing with {PLACEHOLDER_PROJECT!r}", file=sys.stderr)
-            values["gcp:project"] = PLACEHOLDER_PROJECT
+        values, stack = offline_values(args.stack, doing="previewing")
         result = preview(values, stack)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,9 +1,9 @@
 """`python -m infra.stack_table`: the Markdown table of the shipped stacks for docs/stacks.md,
 derived from the stack files, the catalog and the price table (a test keeps the doc in step)."""
 
-from infra.config import parse_stack_config, read_stack_values, shipped_stacks
-from infra.preview import PLACEHOLDER_PROJECT
+from infra.config import parse_stack_config
 from infra.pricing import tpu_cost_per_hour
+from infra.stack_files import offline_values, shipped_stacks
 
 HEADER = (
     "| stack | cluster | TPU shape | chips | TPU hosts | TPU node pools | est. $/h on-demand |\n"
@@ -14,8 +14,7 @@ HEADER = (
 def markdown_table() -> str:
     configs = []
     for stack in shipped_stacks():
-        values, _ = read_stack_values(stack)
-        configs.append(parse_stack_config({**values, "gcp:project": PLACEHOLDER_PROJECT}, stack))
+        configs.append(parse_stack_config(offline_values(stack)[0], stack))
     rows = [HEADER]
     for config in sorted(configs, key=lambda c: (c.cluster_mode != "standard", c.total_hosts, c.stack)):
         spec, cost = config.slice, tpu_cost_per_hour(config)

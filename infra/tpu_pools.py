@@ -32,8 +32,8 @@ class TpuPools(Component):
             gcp.container.NodePoolArgs(
                 name=pool_name,
                 cluster=cluster.cluster.name,
-                location=config.zone,
-                node_locations=[config.zone],
+                location=config.cluster_location,
+                node_locations=[config.zone],  # one zone: a slice's hosts sit together
                 # The pool sits at zero hosts between runs (nothing bills) and the autoscaler
                 # brings up the whole slice, atomically, when a training pod asks for it.
                 initial_node_count=0,

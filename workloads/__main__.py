@@ -6,7 +6,7 @@ or JobSet that `pulumi up` applies for the stack. The image digest exists only a
 without a configured `gemma-tpu:image` the image is the placeholder `${TRAINER_IMAGE}` (fill it
 with `envsubst` before `kubectl apply`).
 Without `gcp:project` in the stack file, the project (and the bucket and account names derived from
-it) is infra.preview's placeholder. An invalid config exits with code 2 and its one-line message.
+it) is infra.stack_files' placeholder. An invalid config exits with code 2 and its one-line message.
 """
 
 import argparse
@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
-from infra.config import parse_stack_config, read_stack_values
+from infra.config import parse_stack_config
 from infra.errors import ConfigError
-from infra.preview import PLACEHOLDER_PROJECT
+from infra.stack_files import offline_values
 from trainer.exitcodes import USER_ERROR
 from workloads import manifests
 from workloads.spec import RunSpec, run_spec
@@ -39,10 +39,7 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 def render_spec(stack: str) -> RunSpec:
     """The run of stack file `stack` (a name or a path); ConfigError when it is invalid."""
-    values, stack_name = read_stack_values(stack)
-    if "gcp:project" not in values:
-        print(f"note: gcp:project is not set for stack {stack_name}; rendering with {PLACEHOLDER_PROJECT!r}", file=sys.stderr)
-        values["gcp:project"] = PLACEHOLDER_PROJECT
+    values, stack_name = offline_values(stack, doing="rendering")
     config = parse_stack_config(values, stack_name)
     return run_spec(config, image=config.image or IMAGE_PLACEHOLDER)
 

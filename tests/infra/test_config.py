@@ -3,7 +3,8 @@ test_bad_stack_inputs.py."""
 
 import pytest
 
-from infra.config import TINYSTORIES_URL, load_stack_file, parse_stack_config
+from infra.config import TINYSTORIES_URL, parse_stack_config
+from infra.stack_files import load_stack_file
 from infra.errors import ConfigError
 from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, stack_values
 

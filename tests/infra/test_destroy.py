@@ -4,7 +4,7 @@ while the cluster and its node pools still run them, and a vanished cluster does
 
 import pytest
 
-from infra.config import read_stack_values
+from infra.stack_files import read_stack_values
 from infra.preview import Resource, preview
 from tests.infra.conftest import SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
 

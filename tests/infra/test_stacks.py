@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from infra.config import shipped_stacks
+from infra.stack_files import shipped_stacks
 from infra.jobset import JOBSET_VERSION
 from infra.pricing import PRICE_PER_CHIP_HOUR_USD
 from infra.preview import preview

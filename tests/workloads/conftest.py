@@ -8,8 +8,9 @@ from typing import Any, Callable
 import pulumi
 import pytest
 
-from infra.config import StackConfig, parse_stack_config, read_stack_values, shipped_stacks
-from infra.preview import PLACEHOLDER_PROJECT, Registration, record
+from infra.config import StackConfig, parse_stack_config
+from infra.preview import Registration, record
+from infra.stack_files import offline_values, shipped_stacks
 from workloads.spec import RunSpec, run_spec
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -20,10 +21,8 @@ STACKS = shipped_stacks()
 
 
 def stack_values(stack: str) -> dict[str, Any]:
-    """The `config:` section of a shipped stack file, with infra.preview's placeholder project."""
-    values, _ = read_stack_values(stack)
-    values.setdefault("gcp:project", PLACEHOLDER_PROJECT)
-    return values
+    """The `config:` section of a shipped stack file, with the offline placeholder project."""
+    return offline_values(stack)[0]
 
 
 def edited_config(stack: str, **sections: Any) -> StackConfig:

@@ -1,0 +1,89 @@
+"""The platform of one stack as a function of its config: APIs, cluster, TPU pools, buckets,
+identity, registry and the JobSet controller, grouped as the `Platform` that what runs on it
+(stack.py: the trainer image and the training run) builds on."""
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra.apis import ProjectApis
+from infra.cluster import GkeCluster
+from infra.config import StackConfig
+from infra.identity import TrainingIdentity
+from infra.jobset import JobSetController
+from infra.registry import Registry
+from infra.storage import Buckets
+from infra.tpu_pools import TpuPools
+
+
+@dataclass(frozen=True, kw_only=True)
+class Platform:
+    """Everything later parts of the stack (the trainer image, the training run) build on."""
+
+    config: StackConfig
+    gcp_provider: gcp.Provider
+    apis: ProjectApis
+    cluster: GkeCluster
+    tpu_pools: TpuPools
+    buckets: Buckets
+    identity: TrainingIdentity
+    registry: Registry
+    jobset: JobSetController
+
+    @property
+    def kubernetes_provider(self) -> k8s.Provider:
+        return self.cluster.provider
+
+    @property
+    def namespace(self) -> k8s.core.v1.Namespace:
+        return self.identity.namespace
+
+    @property
+    def service_account(self) -> k8s.core.v1.ServiceAccount:
+        """The Kubernetes ServiceAccount training pods run as (Workload Identity bound)."""
+        return self.identity.training.service_account
+
+    @property
+    def preparation_service_account(self) -> k8s.core.v1.ServiceAccount:
+        """The Kubernetes ServiceAccount the data preparation pods run as (Workload Identity bound)."""
+        return self.identity.preparation.service_account
+
+    @property
+    def registry_url(self) -> pulumi.Output[str]:
+        return self.registry.url
+
+    @property
+    def jobset_install(self) -> pulumi.Resource:
+        """Workloads that create JobSets depend on this."""
+        return self.jobset.install
+
+    @property
+    def identity_bindings(self) -> list[pulumi.Resource]:
+        """What pods wait for: their Google accounts' bucket roles and Workload Identity bindings."""
+        return [*self.identity.training.bindings, *self.identity.preparation.bindings]
+
+
+def build(config: StackConfig) -> Platform:
+    """Declare the infrastructure of one stack: APIs, cluster, TPU pools, buckets, identity,
+    registry and the JobSet controller."""
+    gcp_provider = gcp.Provider(
+        "gcp", gcp.ProviderArgs(project=config.project, region=config.region, zone=config.zone)
+    )
+    on_gcp = pulumi.ResourceOptions(providers=[gcp_provider])
+    apis = ProjectApis("apis", config, opts=on_gcp)
+    after_apis = apis.services
+    cluster = GkeCluster("cluster", config, after=after_apis, opts=on_gcp)
+    buckets = Buckets("storage", config, after=after_apis, opts=on_gcp)
+    return Platform(
+        config=config,
+        gcp_provider=gcp_provider,
+        apis=apis,
+        cluster=cluster,
+        tpu_pools=TpuPools("tpu", config, cluster, after=after_apis, opts=on_gcp),
+        buckets=buckets,
+        identity=TrainingIdentity("identity", config, cluster, buckets, after=after_apis, opts=on_gcp),
+        registry=Registry("registry", config, cluster.node_service_account, after=after_apis, opts=on_gcp),
+        jobset=JobSetController("jobset", cluster),
+    )

@@ -1,0 +1,79 @@
+"""The Pulumi program as a function of the stack config, joining the platform (infra) and the run
+on it (workloads): `__main__.py` (a real `pulumi up`), `python -m infra.preview` and the tests (under
+Pulumi mocks) declare the same stack. Nothing below this module imports it.
+"""
+
+import pulumi
+
+from infra.config import StackConfig
+from infra.image import TrainerImage
+from infra.jobset import JOBSET_VERSION
+from infra.platform import Platform, build
+from infra.pricing import tpu_cost_per_hour
+from workloads.deploy import TrainingRun
+
+
+def deploy_run(platform: Platform) -> TrainingRun:
+    """The trainer image (built into the stack's registry unless `gemma-tpu:image` names one) and
+    the training run on it: data preparation, then training once the TPU pools exist."""
+    config = platform.config
+    image = TrainerImage("trainer-image", config=config, repository_url=platform.registry_url)
+    return TrainingRun(
+        "training",
+        config=config,
+        image=image.ref,
+        provider=platform.kubernetes_provider,
+        namespace=platform.namespace,
+        service_account=platform.service_account,
+        preparation_service_account=platform.preparation_service_account,
+        jobset_install=platform.jobset_install,
+        after=platform.identity_bindings,
+        training_after=platform.tpu_pools.pools,
+    )
+
+
+def export_outputs(platform: Platform, run: TrainingRun) -> None:
+    """The stack outputs a user reads with `pulumi stack output`."""
+    config = platform.config
+    cluster = platform.cluster.cluster
+    pulumi.export("clusterName", cluster.name)
+    pulumi.export("clusterLocation", cluster.location)
+    pulumi.export(
+        "getCredentials",
+        pulumi.Output.concat(
+            "gcloud container clusters get-credentials ", cluster.name,
+            " --location ", cluster.location, " --project ", config.project,
+        ),
+    )
+    pulumi.export("dataBucketUrl", platform.buckets.data.url)
+    pulumi.export("artifactsBucketUrl", platform.buckets.artifacts.url)
+    pulumi.export("registryUrl", platform.registry_url)
+    pulumi.export("namespace", platform.namespace.metadata.name)
+    pulumi.export("kubernetesServiceAccount", platform.service_account.metadata.name)
+    pulumi.export("trainingServiceAccount", platform.identity.training.google_service_account.email)
+    pulumi.export("preparationServiceAccount", platform.identity.preparation.google_service_account.email)
+    pulumi.export("jobsetVersion", JOBSET_VERSION)
+    pulumi.export(
+        "tpu",
+        {
+            "accelerator": config.slice.accelerator,
+            "topology": config.slice.topology,
+            "machineType": config.slice.machine_type,
+            "slices": config.tpu.slices,
+            "hostsPerSlice": config.slice.hosts,
+            "chipsPerHost": config.slice.chips_per_host,
+            "capacity": config.tpu.capacity,
+            "nodeSelector": config.slice.node_selector,
+        },
+    )
+    pulumi.export("tpuCostPerHourUsd", tpu_cost_per_hour(config))
+    pulumi.export("trainingRun", run.run_name)
+    pulumi.export("trainingStatus", run.status_command)
+    pulumi.export("trainingLogs", run.logs_command)
+    pulumi.export("tensorboardDir", run.tensorboard_dir)
+
+
+def declare_stack(config: StackConfig) -> None:
+    """The whole stack: the platform, then what runs on it, then the outputs."""
+    platform = build(config)
+    export_outputs(platform, deploy_run(platform))

@@ -15,6 +15,7 @@ from typing import Any
 from infra import names, tpu
 from infra.tpu import SliceSpec
 from infra.errors import ConfigError
+from trainer import config as trainer_config  # the trainer's options: their defaults and models
 
 PROJECT = "gemma-tpu"  # the Pulumi project name, the namespace of this program's keys
 
@@ -23,13 +24,10 @@ CAPACITIES = ("on-demand", "spot", "reservation", "flex-start")
 # Autopilot picks capacity from each pod's node selectors; this project wires on-demand and Spot
 # there. Reservations and flex-start need node pool settings, so they are Standard-only here.
 CAPACITIES_BY_MODE = {"standard": CAPACITIES, "autopilot": ("on-demand", "spot")}
-MODELS = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "gemma3-12b", "gemma3-27b", "tiny")
 WEIGHTS = ("official", "random")  # or a gs:// checkpoint
 TINYSTORIES_URL = (
     "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt"
 )
-SEQ_LEN_RANGE = (16, 32768)  # Gemma 3's shortest context window is 32K tokens
-LORA_RANK_MAX = 1024
 # The training pods' cache of the data bucket (prepared TinyStories: about 2 GiB). It sits on the TPU
 # node's boot disk (100 GB by default), beside the image.
 DATA_CACHE_GIB_DEFAULT = 20
@@ -58,6 +56,57 @@ class TpuConfig:
     slices: int
     capacity: str
     reservation: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerOption:
+    """A `gemma-tpu:training` key that the training pods pass to the trainer as its flag. Its
+    default is the trainer's own (trainer.config.TrainConfig), so a new trainer option is one line
+    in TRAINER_OPTIONS; docs/stacks.md's table of these keys is generated from it."""
+
+    key: str  # as written in the stack file
+    field: str  # of TrainingConfig (the run's hash covers these names: keep them)
+    option: str  # of trainer.config.TrainConfig; its flag is --option-with-dashes
+    kind: str  # "text", "integer" or "number"
+    minimum: float | None = None  # integers
+    maximum: float | None = None
+    above: float | None = None  # numbers: the value must be above this
+    omitted_with: str | None = None  # not passed when this other field is set (the trainer refuses both)
+    what: str = ""  # for the docs table
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.option.replace("_", "-")
+
+    @property
+    def default(self) -> Any:
+        return getattr(trainer_config.TrainConfig(), self.option)
+
+
+TRAINER_OPTIONS = (
+    TrainerOption(key="model", field="model", option="model", kind="text", what="a Gemma 3 model (tiny is refused: see below)"),
+    TrainerOption(key="weights", field="weights", option="weights", kind="text", what="official, random or a gs:// checkpoint"),
+    # Gemma 3's shortest context window is 32K tokens.
+    TrainerOption(key="seqLen", field="seq_len", option="seq_len", kind="integer", minimum=16, maximum=32768,
+                  what="tokens per packed row"),
+    TrainerOption(key="batchSize", field="batch_size", option="batch_size", kind="integer", minimum=1,
+                  what="global rows a step, divisible by the stack's TPU hosts"),
+    TrainerOption(key="steps", field="steps", option="steps", kind="integer", minimum=1, what="training steps; unset: epochs"),
+    TrainerOption(key="epochs", field="epochs", option="epochs", kind="integer", minimum=1, omitted_with="steps",
+                  what="passes over the data when steps is unset"),
+    TrainerOption(key="learningRate", field="learning_rate", option="lr", kind="number", above=0.0, maximum=1.0,
+                  what="peak learning rate"),
+    TrainerOption(key="loraRank", field="lora_rank", option="lora_rank", kind="integer", minimum=0, maximum=1024,
+                  what="LoRA rank; 0 = full fine-tune"),
+    TrainerOption(key="checkpointInterval", field="checkpoint_interval", option="checkpoint_interval", kind="integer",
+                  minimum=1, what="steps between checkpoints"),
+)  # fmt: skip
+
+
+def stack_models() -> tuple[str, ...]:
+    """The trainer's models a stack may train: its Gemma 3 table (not `tiny`, whose tokenizer is
+    trained on the demo's own data and which has no official weights)."""
+    return tuple(trainer_config.GEMMA3_MODELS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,28 +357,48 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
 
 
 def _parse_training(section: _Section) -> TrainingConfig:
-    weights = section.text("weights", "official")
+    by_key = {option.key: option for option in TRAINER_OPTIONS}
+    weights = _read_option(section, by_key["weights"])
     if weights not in WEIGHTS and not weights.startswith("gs://"):
         raise ConfigError(f"{section.key('weights')} is {weights!r}; choose one of {', '.join(WEIGHTS)} or a gs:// checkpoint")
     dataset = section.text("dataset", TINYSTORIES_URL)
     if not dataset.startswith(("https://", "gs://")):
         raise ConfigError(f"{section.key('dataset')} is {dataset!r}; give an https:// URL or a gs:// path")
-    training = TrainingConfig(
-        model=section.text("model", "gemma3-270m", MODELS),
+    values = {option.field: _read_option(section, option) for option in TRAINER_OPTIONS if option.key != "weights"}
+    if values["model"] == trainer_config.TINY:
+        raise ConfigError(
+            f"{section.key('model')} is {trainer_config.TINY!r}, the trainer's local CPU demo model, whose tokenizer is "
+            f"trained on the demo's own data; choose one of {', '.join(stack_models())} (run the demo with `make demo`)"
+        )
+    if values["model"] not in stack_models():
+        raise ConfigError(f"{section.key('model')} is {values['model']!r}; choose one of {', '.join(stack_models())}")
+    return TrainingConfig(
+        **values,
         weights=weights,
         dataset=dataset,
-        seq_len=section.integer("seqLen", 256, *SEQ_LEN_RANGE),
-        batch_size=section.integer("batchSize", 128, minimum=1),
-        steps=section.integer("steps", None, minimum=1),
-        epochs=section.integer("epochs", 1, minimum=1),
-        learning_rate=section.number("learningRate", 2.0e-5, above=0.0, maximum=1.0),
-        lora_rank=section.integer("loraRank", 0, minimum=0, maximum=LORA_RANK_MAX),
-        checkpoint_interval=section.integer("checkpointInterval", 500, minimum=1),
         max_restarts=section.integer("maxRestarts", 10, minimum=0),
         profiling=section.flag("profiling", False),
         run_name=section.text("runName", "gemma-finetune"),
     )
-    return training
+
+
+def _read_option(section: _Section, option: TrainerOption) -> Any:
+    if option.kind == "integer":
+        return section.integer(option.key, option.default, minimum=option.minimum, maximum=option.maximum)
+    if option.kind == "number":
+        return section.number(option.key, option.default, above=option.above, maximum=option.maximum)
+    return section.text(option.key, option.default)
+
+
+def trainer_flags(training: TrainingConfig) -> list[str]:
+    """The trainer flags of the stack's training settings, in TRAINER_OPTIONS order."""
+    flags = []
+    for option in TRAINER_OPTIONS:
+        value = getattr(training, option.field)
+        if value is None or (option.omitted_with and getattr(training, option.omitted_with) is not None):
+            continue
+        flags += [option.flag, repr(value) if option.kind == "number" else str(value)]
+    return flags
 
 
 def _check_tpu(section: _Section, config: TpuConfig, slice_spec: SliceSpec, cluster_mode: str) -> None:

@@ -1,7 +1,11 @@
-"""`python -m infra.stack_table`: the Markdown table of the shipped stacks for docs/stacks.md,
-derived from the stack files, the catalog and the price table (a test keeps the doc in step)."""
+"""`python -m infra.stack_table [--training]`: Markdown tables for docs/stacks.md: the shipped
+stacks, derived from the stack files, the catalog and the price table; with --training, the
+`gemma-tpu:training` keys that are trainer options, with the trainer's defaults (tests keep the doc
+in step)."""
 
-from infra.config import parse_stack_config
+import sys
+
+from infra.config import TRAINER_OPTIONS, parse_stack_config, stack_models
 from infra.pricing import tpu_cost_per_hour
 from infra.stack_files import offline_values, shipped_stacks
 
@@ -31,5 +35,22 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def training_table() -> str:
+    rows = ["| key | default (the trainer's) | trainer flag | what |", "|---|---|---|---|"]
+    for option in TRAINER_OPTIONS:
+        default = "(unset)" if option.default is None else option.default
+        what = option.what
+        if option.key == "model":
+            what = ", ".join(stack_models())
+        elif option.above is not None:
+            what = f"above {option.above:g}, at most {option.maximum:g}: {what}"
+        elif option.maximum is not None:
+            what = f"{option.minimum}-{option.maximum}: {what}"
+        elif option.minimum is not None:
+            what = f"{option.minimum} or more: {what}"
+        rows.append(f"| `gemma-tpu:training.{option.key}` | {default} | `{option.flag}` | {what} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    print(markdown_table())
+    print(training_table() if sys.argv[1:] == ["--training"] else markdown_table())

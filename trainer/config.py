@@ -18,7 +18,23 @@ import yaml
 
 from trainer.errors import UserError
 
-MODEL_NAMES = ("gemma3-270m", "gemma3-1b", "gemma3-4b", "gemma3-12b", "gemma3-27b", "tiny")
+# The one table of models: name -> (gemma class, official pre-trained checkpoint). Text-only
+# variants: this trainer fine-tunes on text, so the vision tower of 4B+ is neither built nor loaded.
+# trainer.models builds them; the stack config offers them (infra.config).
+GEMMA3_MODELS = {
+    "gemma3-270m": ("Gemma3_270M", "GEMMA3_270M_PT"),
+    "gemma3-1b": ("Gemma3_1B", "GEMMA3_1B_PT"),
+    "gemma3-4b": ("Gemma3_4B", "GEMMA3_4B_PT"),
+    "gemma3-12b": ("Gemma3_12B", "GEMMA3_12B_PT"),
+    "gemma3-27b": ("Gemma3_27B", "GEMMA3_27B_PT"),
+}
+# A Gemma 3 architecture small enough for a laptop CPU, with a tokenizer trained on its data.
+TINY = "tiny"
+
+
+def model_names() -> tuple[str, ...]:
+    return (*GEMMA3_MODELS, TINY)
+
 LR_SCHEDULES = ("cosine", "constant")
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.precision's choice for the platform
 PRESETS = ("tiny",)
@@ -190,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainConfig()
     add = parser.add_argument
-    add("--model", choices=MODEL_NAMES, help=f"model to fine-tune (default {d.model})")
+    add("--model", choices=model_names(), help=f"model to fine-tune (default {d.model})")
     add("--weights", help=f"initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
     add("--data", help="a raw text file (documents separated by <|endoftext|>) or a directory made by python -m trainer.prepare")

@@ -138,7 +138,7 @@ def main(argv=None) -> int | None:
         prog="python -m trainer.memory",
         description="Estimated memory per chip of full and LoRA fine-tunes, FSDP over each slice.",
     )
-    parser.add_argument("--models", nargs="+", choices=[m for m in config.MODEL_NAMES if m != models.TINY],
+    parser.add_argument("--models", nargs="+", choices=list(config.GEMMA3_MODELS),
                         default=["gemma3-270m", "gemma3-1b", "gemma3-4b"], help="models to estimate")
     parser.add_argument("--shapes", nargs="+", type=_shape, default=[Shape("v6e", "1x1"), Shape("v6e", "2x4")],
                         help="slices as ACCELERATOR:TOPOLOGY (default v6e:1x1 v6e:2x4)")

@@ -16,20 +16,11 @@ import jax.numpy as jnp
 from gemma import gm, peft
 
 from trainer import checkpoint
+from trainer.config import GEMMA3_MODELS, TINY
 from trainer.errors import UserError
 
 Params = dict[str, Any]
 
-# Model name -> (gemma class, official pre-trained checkpoint). Text-only variants: this trainer
-# fine-tunes on text, so the vision tower of 4B+ is neither built nor loaded.
-_GEMMA3 = {
-    "gemma3-270m": ("Gemma3_270M", "GEMMA3_270M_PT"),
-    "gemma3-1b": ("Gemma3_1B", "GEMMA3_1B_PT"),
-    "gemma3-4b": ("Gemma3_4B", "GEMMA3_4B_PT"),
-    "gemma3-12b": ("Gemma3_12B", "GEMMA3_12B_PT"),
-    "gemma3-27b": ("Gemma3_27B", "GEMMA3_27B_PT"),
-}
-TINY = "tiny"
 OFFICIAL_TOKENIZER = str(gm.text.Gemma3Tokenizer.path)
 
 
@@ -64,7 +55,7 @@ def model_config(name: str, *, vocab_size: int) -> gm.nn.config.TransformerConfi
     """The text TransformerConfig of a model; `vocab_size` (the tokenizer's) sizes only `tiny`."""
     if name == TINY:
         return tiny_config(vocab_size)
-    config = getattr(gm.nn, _GEMMA3[name][0]).config
+    config = getattr(gm.nn, GEMMA3_MODELS[name][0]).config
     return dataclasses.replace(config, vision_encoder=None)
 
 
@@ -79,7 +70,7 @@ def check_vocabulary(name: str, config: gm.nn.config.TransformerConfig, *, token
 def official_checkpoint(name: str) -> str:
     if name == TINY:
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
-    return str(gm.ckpts.CheckpointPath[_GEMMA3[name][1]])
+    return str(gm.ckpts.CheckpointPath[GEMMA3_MODELS[name][1]])
 
 
 def build_model(config: gm.nn.config.TransformerConfig, *, dtype, lora_rank: int = 0):

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from infra.config import StackConfig, TpuConfig
+from infra.config import StackConfig, TpuConfig, trainer_flags
 from infra.names import CPU_POOL_NAME, run_object_name, tpu_pool_names
 from trainer import exitcodes
 
@@ -167,24 +167,15 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
 
 
 def _trainer_args(config: StackConfig, data_dir: str, run_dir: str) -> tuple[str, ...]:
-    training = config.training
-    length = ("--steps", str(training.steps)) if training.steps else ("--epochs", str(training.epochs))
     args = [
-        "--model", training.model,
-        "--weights", training.weights,
+        *trainer_flags(config.training),
         "--data", data_dir,
-        "--seq-len", str(training.seq_len),
-        "--batch-size", str(training.batch_size),
-        *length,
-        "--lr", repr(training.learning_rate),
-        "--lora-rank", str(training.lora_rank),
         "--workdir", run_dir,
         "--checkpoint-dir", f"{run_dir}/checkpoints",
-        "--checkpoint-interval", str(training.checkpoint_interval),
         "--tensorboard-dir", f"{run_dir}/tensorboard",
         # FSDP inside a slice (ICI), data parallelism across slices (DCN): 1B and 4B fit a v6e 2x4 only so.
         "--mesh", f"data=-1,fsdp={config.slice.chips}",
     ]  # fmt: skip
-    if training.profiling:
+    if config.training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]
     return tuple(args)

@@ -164,7 +164,11 @@ CASES = (
     BadStack(case="ServiceAccount not a Kubernetes name", config={"gemma-tpu:serviceAccount": "trainer_sa"},
              error="gemma-tpu:serviceAccount 'trainer_sa' must be at most 58 characters of a-z, 0-9 and '-', starting with a letter"),
     BadStack(case="unknown model", config={"gemma-tpu:training": {"model": "gemma2-2b"}},
-             error="gemma-tpu:training.model is 'gemma2-2b'; choose one of gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, tiny"),
+             error="gemma-tpu:training.model is 'gemma2-2b'; choose one of gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b"),
+    BadStack(case="the trainer's demo model", config={"gemma-tpu:training": {"model": "tiny"}},
+             error="gemma-tpu:training.model is 'tiny', the trainer's local CPU demo model, whose tokenizer is trained on "
+             "the demo's own data; choose one of gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b (run the "
+             "demo with `make demo`)"),
     BadStack(case="weights neither a choice nor gs://", config={"gemma-tpu:training": {"weights": "latest"}},
              error="gemma-tpu:training.weights is 'latest'; choose one of official, random or a gs:// checkpoint"),
     BadStack(case="dataset not a URL", config={"gemma-tpu:training": {"dataset": "ftp://x/y.txt"}},

@@ -88,3 +88,27 @@ def test_flags_set_with_pulumi_config_set_arrive_as_text_and_are_read():
     # `pulumi config set gemma-tpu:protect true` stores "true", and the engine passes top-level values as text.
     assert parse(protect="true").protect is True
     assert parse(protect="false", storage={"keepArtifacts": "false"}).keep_artifacts is False
+
+
+def test_a_model_added_to_the_trainers_table_is_one_the_stack_and_the_trainer_take(monkeypatch):
+    from trainer import config as trainer_config
+
+    monkeypatch.setitem(trainer_config.GEMMA3_MODELS, "gemma3-2b", ("Gemma3_2B", "GEMMA3_2B_PT"))
+    assert parse(training={"model": "gemma3-2b"}).training.model == "gemma3-2b"
+    assert trainer_config.parse_config(["--model", "gemma3-2b", "--data", "corpus.txt"]).model == "gemma3-2b"
+
+
+def test_training_defaults_are_the_trainers_and_the_pods_get_only_what_the_stack_sets():
+    from infra.config import TRAINER_OPTIONS, trainer_flags
+    from trainer.config import TrainConfig, parse_config
+
+    training = parse().training
+    defaults = TrainConfig()
+    for option in TRAINER_OPTIONS:
+        assert getattr(training, option.field) == getattr(defaults, option.option), option.key
+    # What the pods pass parses back to the same options (epochs is left out once steps is set).
+    for config in (training, parse(training={"steps": 40, "learningRate": 3e-4, "loraRank": 8}).training):
+        parsed = parse_config([*trainer_flags(config), "--data", "corpus.txt"])
+        for option in TRAINER_OPTIONS:
+            if option.key != "epochs" or config.steps is None:
+                assert getattr(parsed, option.option) == getattr(config, option.field), option.key

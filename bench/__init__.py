@@ -1,4 +1,4 @@
-"""Benchmarks of the trainer against the tutorial's method (issue 7): `python -m bench [--quick]`.
+"""Benchmarks of the trainer against the method of Google's GKE JAX-on-TPU Gemma 3 tutorial: `python -m bench [--quick]`.
 
 They print figures; they assert nothing about speed. BENCHMARKS.md records a full run.
 """

@@ -1,4 +1,4 @@
-"""The tutorial's method (REFERENCE 7), faithfully, as the baseline the trainer is measured against.
+"""The method of Google's GKE JAX-on-TPU Gemma 3 tutorial, faithfully, as the baseline the trainer is measured against.
 
 - one document per row: [BOS] + tokens + [EOS], cut to the row and padded with id 0;
 - tokenization inside the training loop, one document at a time, on the host;

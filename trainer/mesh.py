@@ -3,7 +3,8 @@ mesh, FSDP rules, global batches.
 
 Batches are split over both axes (FSDP is data parallel too); parameters and optimizer state are
 replicated over `data` and, when large, split over `fsdp`. With several slices (MEGASCALE_NUM_SLICES),
-`data` spans the slices over DCN and `fsdp` stays inside a slice on ICI (REFERENCE 3).
+`data` spans the slices over DCN and `fsdp` stays inside a slice on ICI, where
+bandwidth is highest (as MaxText lays out multislice meshes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Gemma 3 models from the `gemma` package, a tiny one for CPU, their weights, and LoRA.
 
 Parameters are float32 masters (the optimizer updates these); `trainer.loss` casts them to the
-compute dtype for the forward pass (REFERENCE 4: AdamW updates vanish in bfloat16 weights).
+compute dtype for the forward pass: AdamW's small updates would vanish when added to bfloat16 weights.
 """
 
 from __future__ import annotations

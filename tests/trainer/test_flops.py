@@ -65,20 +65,20 @@ def test_lora_param_count_equals_the_adapters_gemma_adds(changes):
 
 
 def test_gemma3_270m_param_count_matches_the_published_one():
-    # REFERENCE 4: 268,098,176 parameters, 167,772,160 of them the tied embedding.
+    # Gemma 3 270M: 268,098,176 parameters, 167,772,160 of them the tied embedding.
     assert flops.param_count(GEMMA3_270M) == 268_098_176
     assert flops.embedding_params(GEMMA3_270M) == 167_772_160
 
 
 def test_gemma3_270m_training_flops_per_token_at_256_is_in_reference_range():
-    # REFERENCE 4: about 1.64-1.67 GFLOP/token (6N + causal attention); 6N alone is 1.609 G.
+    # Gemma 3 270M: about 1.64-1.67 GFLOP/token (6N + causal attention); 6N alone is 1.609 G.
     per_token = flops.training_flops_per_token(GEMMA3_270M, 256)
     assert 1.63e9 <= per_token <= 1.67e9
     assert per_token > 6 * flops.param_count(GEMMA3_270M)
 
 
 def test_tutorial_throughput_gives_its_reported_mfu():
-    # REFERENCE 7: 83,400 tokens/s (padding included) on one v6e chip was "roughly 15% MFU".
+    # The GKE tutorial: 83,400 tokens/s (padding included) on one v6e chip was "roughly 15% MFU".
     mfu = flops.model_flops_utilization(
         83_400, flops.training_flops_per_token(GEMMA3_270M, 256), hardware.peak_bf16_flops("TPU v6 lite")
     )

@@ -56,8 +56,8 @@ def test_activations_grow_with_the_batch():
     )["activations"]
 
 
-def test_issue_4_targets_fit_one_v6e_2x4_slice_and_not_one_chip():
-    # Issue 4: Gemma 3 1B fully fine-tuned fits on one v6e 2x4, and 4B with LoRA does.
+def test_1b_full_and_4b_lora_fit_one_v6e_2x4_slice_and_not_one_chip():
+    # The sizing promise: Gemma 3 1B fully fine-tuned fits on one v6e 2x4, and 4B with LoRA does.
     assert estimate(GEMMA3_1B, chips=8)["total"] < V6E_HBM
     assert estimate(GEMMA3_4B, chips=8, lora_rank=16)["total"] < V6E_HBM
     assert estimate(GEMMA3_1B, chips=1)["total"] > V6E_HBM
@@ -86,3 +86,12 @@ def test_a_bad_shape_names_the_expected_form(capsys):
         memory.main(["--shapes", "v9:2x4"])
     assert exit_info.value.code == exitcodes.USER_ERROR
     assert "ACCELERATOR:TOPOLOGY" in capsys.readouterr().err
+
+
+def test_the_readme_memory_table_is_what_the_cli_prints(capsys):
+    import pathlib
+
+    assert memory.main([]) == exitcodes.OK
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    assert "\n".join(printed) in readme, "paste the table of `python -m trainer.memory` into README.md"

@@ -17,7 +17,7 @@ GIB = 2**30
     ],
 )
 def test_tpu_device_kinds_as_jax_reports_them(device_kind, peak, hbm_gib):
-    # REFERENCE 1: v5e 197 TFLOP/s and 16 GB, v5p 459 and 95 GB, v6e 918 and 32 GB per chip.
+    # Google's per-chip figures: v5e 197 TFLOP/s and 16 GB, v5p 459 and 95 GB, v6e 918 and 32 GB per chip.
     assert hardware.peak_bf16_flops(device_kind) == peak
     assert hardware.hbm_bytes(device_kind) == hbm_gib * GIB
 

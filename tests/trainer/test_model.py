@@ -129,4 +129,4 @@ def test_weights_path_without_a_checkpoint_is_a_user_error(tmp_path):
 def test_gemma3_270m_builds_with_its_published_parameter_count():
     config = models.model_config("gemma3-270m", vocab_size=262_144)
     shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
-    assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes)) == 268_098_176  # REFERENCE 4
+    assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes)) == 268_098_176  # Gemma 3 270M's parameter count

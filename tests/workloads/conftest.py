@@ -14,7 +14,7 @@ from infra.stack_files import offline_values, shipped_stacks
 from workloads.spec import RunSpec, run_spec
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# ../shared/schemas beside the repository on the project's machines and in CI (REFERENCE 2).
+# ../shared/schemas beside the repository on the project's machines and in CI.
 SCHEMAS_ENV = "GEMMA_TPU_SCHEMAS"
 IMAGE = "us-east5-docker.pkg.dev/my-project/gemma-dev/trainer:0123456789abcdef@sha256:" + "0" * 64
 STACKS = shipped_stacks()

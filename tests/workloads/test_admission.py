@@ -118,7 +118,7 @@ def _cache_as_large_as_its_volume(obj):
 
 # (rule broken, stack, how): each one a change a builder could plausibly make.
 BREAKS = {
-    "rule name with hyphens (issue 16's defect)": ("jobset-failure-policy", "multihost",
+    "rule name with hyphens (a defect the builders once had)": ("jobset-failure-policy", "multihost",
         lambda o: o["spec"]["failurePolicy"]["rules"][0].update(name="fail-on-errors")),
     "rule on a reason that is not one": ("jobset-failure-policy", "multihost",
         lambda o: o["spec"]["failurePolicy"]["rules"][0].update(onJobFailureReasons=["OOMKilled"])),
@@ -166,7 +166,7 @@ BREAKS = {
     "TPU request below its limit": ("extended-resources", "multihost",
         lambda o: training_pod(o)["spec"]["containers"][0]["resources"].update(requests={"google.com/tpu": "2"})),
     "runAsNonRoot as uid 0": ("non-root-user", "dev", lambda o: training_pod(o)["spec"]["securityContext"].update(runAsUser=0)),
-    "allow_other among the mount options (issue 16's defect)": ("gcs-fuse-volumes", "dev",
+    "allow_other among the mount options (a defect the builders once had)": ("gcs-fuse-volumes", "dev",
         lambda o: _set_mount_options(o, "uid=1000,gid=1000,allow_other")),
     "o=allow_other": ("gcs-fuse-volumes", "dev", lambda o: _set_mount_options(o, "uid=1000,o=allow_other")),
     "uid written config-file style": ("gcs-fuse-volumes", "dev", lambda o: _set_mount_options(o, "uid:1000")),
@@ -174,7 +174,7 @@ BREAKS = {
         lambda o: _volume(o, "data")["csi"]["volumeAttributes"].update(fileCacheCapacty="10Gi")),
     "cache capacity that is not a quantity": ("gcs-fuse-volumes", "dev",
         lambda o: _volume(o, "data")["csi"]["volumeAttributes"].update(fileCacheCapacity="20 GB")),
-    "unbounded cache on an unbounded emptyDir (issue 16's defect)": ("gcs-fuse-volumes", "multislice", _cache_unbounded),
+    "unbounded cache on an unbounded emptyDir (a defect the builders once had)": ("gcs-fuse-volumes", "multislice", _cache_unbounded),
     "cache as large as its volume": ("gcs-fuse-volumes", "dev", _cache_as_large_as_its_volume),
     "custom cache volume without fsGroup": ("gcs-fuse-volumes", "dev",
         lambda o: training_pod(o)["spec"]["securityContext"].pop("fsGroup")),

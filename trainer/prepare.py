@@ -5,16 +5,27 @@ each is tokenized, EOS is appended, and each becomes one record of little-endian
 The output directory holds the shards, `lengths.npy` (tokens per document, which lets every process
 plan the packing of the whole dataset without reading it) and `meta.json`. It is written in a
 temporary sibling directory and renamed into place at the end, so a directory that has a readable
-meta.json is complete; a run whose output is already complete does nothing.
+meta.json is complete; a run whose output is already complete (from the same source, with the
+same tokenizer) changes nothing and downloads nothing.
+
+`--input` is a local file or an http(s):// URL, downloaded into `--download-dir` for the run and
+removed after it (the prepared output is what is kept). A gs:// object is read through a GCS FUSE
+mount, as the preparation Job does: the mount authenticates as the pod's Google account and streams
+the object, so no second way of reading buckets is needed here.
 """
 
 import argparse
 import array
 import codecs
+import contextlib
+import http.client
 import json
 import os
 import pathlib
 import sys
+import tempfile
+import urllib.error
+import urllib.request
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
@@ -35,19 +46,91 @@ _ENCODE_BATCH_CHARS = 1 << 20
 _SHARD_BYTES = 128 << 20
 # A "document" this long means the separator never occurs where the user thinks it does.
 _MAX_DOCUMENT_CHARS = 64 << 20
+# --tokenizer official: the Gemma 3 tokenizer, which the trainer uses for every model but tiny.
+OFFICIAL = "official"
+_URL_SCHEMES = ("https://", "http://")
+# For connecting and for each read, not for the whole download.
+_DOWNLOAD_TIMEOUT_SECONDS = 60
+# Answers that say "later" (request timeout, rate limit); other 4xx answers say the URL is wrong.
+_TRY_LATER_STATUSES = (408, 429)
 
 
-def _source_identity(input_path: pathlib.Path, separator: str) -> dict:
-    return {"path": str(input_path.resolve()), "bytes": input_path.stat().st_size, "separator": separator}
+def _is_url(source: str) -> bool:
+    return source.startswith(_URL_SCHEMES)
 
 
-def read_documents(input_path: pathlib.Path, separator: str):
+def _source_identity(source: str, separator: str) -> dict:
+    """What makes a complete output one prepared from `source`: a local file's resolved path and
+    size; a URL itself, as what it serves cannot be known without downloading it, and a complete
+    output is reused without a download."""
+    if _is_url(source):
+        return {"url": source, "separator": separator}
+    if "://" in source:
+        raise UserError(
+            f"--input {source}: not a local file or an http(s):// URL; read a gs:// object through a GCS FUSE "
+            "mount (as the preparation Job does) or copy it here with `gcloud storage cp`"
+        )
+    path = pathlib.Path(source)
+    if not path.is_file():
+        raise UserError(f"data file {path}: not found; pass an existing text file")
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "separator": separator}
+
+
+def _download(url: str, file, log) -> None:
+    """Streams `url` into the open binary `file`. A URL the server refuses (4xx) or a host that cannot
+    be reached is a UserError naming the URL; a server error (5xx), a "try later" answer or a
+    transfer cut short raises ConnectionError, which a retry may get past (the preparation Job
+    retries it)."""
+    log(f"downloading {url}")
+    try:
+        response = urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_SECONDS)
+    except urllib.error.HTTPError as error:
+        if error.code >= 500 or error.code in _TRY_LATER_STATUSES:
+            raise ConnectionError(f"--input {url}: HTTP {error.code} {error.reason} from the server") from error
+        raise UserError(f"--input {url}: HTTP {error.code} {error.reason}; pass a URL that serves the corpus") from None
+    except urllib.error.URLError as error:
+        raise UserError(
+            f"--input {url}: cannot reach the host ({error.reason}); check the URL and the network"
+        ) from None
+    received = 0
+    with response:
+        expected = response.headers.get("Content-Length")
+        try:
+            while chunk := response.read(_READ_BYTES):
+                file.write(chunk)
+                received += len(chunk)
+        except (OSError, http.client.HTTPException) as error:
+            raise ConnectionError(f"--input {url}: download cut off after {received} bytes ({error!r})") from error
+    # http.client ends a read short without an error when the server closes the connection early.
+    if expected is not None and received != int(expected):
+        raise ConnectionError(f"--input {url}: download cut off after {received} of {expected} bytes")
+    file.flush()
+    log(f"downloaded {received} bytes")
+
+
+@contextlib.contextmanager
+def _local_file(source: str, download_dir, log):
+    """Yields the local path of `source`: the file itself, or a URL downloaded into a hidden temporary
+    file in `download_dir` (default: the system's temporary directory) that is removed afterwards."""
+    if not _is_url(source):
+        yield pathlib.Path(source)
+        return
+    directory = pathlib.Path(download_dir or tempfile.gettempdir())
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".prepare-download-") as file:
+        _download(source, file, log)
+        yield pathlib.Path(file.name)
+
+
+def read_documents(input_path: pathlib.Path, separator: str, *, name=None):
     """Yields the documents of a UTF-8 text file, stripped, empty ones skipped. Streams the file
-    and raises UserError for a missing, empty, binary or non-UTF-8 file or one without `separator`."""
+    and raises UserError for a missing, empty, binary or non-UTF-8 file or one without `separator`,
+    naming the file as `name` (default: its path; the URL of a download)."""
     if not separator:
         raise UserError("--separator must not be empty; pass the string that ends each document")
     if not input_path.is_file():
         raise UserError(f"data file {input_path}: not found; pass an existing text file")
+    input_name = name or input_path
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     pending, offset, separators, documents = "", 0, 0, 0
     with input_path.open("rb") as data:
@@ -57,11 +140,11 @@ def read_documents(input_path: pathlib.Path, separator: str):
                 text = decoder.decode(chunk, final=not chunk)
             except UnicodeDecodeError as error:
                 raise UserError(
-                    f"data file {input_path}: not UTF-8 text (invalid byte near offset {offset + error.start}); "
+                    f"data file {input_name}: not UTF-8 text (invalid byte near offset {offset + error.start}); "
                     "convert it to UTF-8"
                 ) from None
             if "\x00" in text:
-                raise UserError(f"data file {input_path}: binary content (NUL byte near offset {offset}); "
+                raise UserError(f"data file {input_name}: binary content (NUL byte near offset {offset}); "
                                 "pass a UTF-8 text file")
             offset += len(chunk)
             parts = (pending + text).split(separator)
@@ -69,7 +152,7 @@ def read_documents(input_path: pathlib.Path, separator: str):
             pending = parts.pop()
             if len(pending) > _MAX_DOCUMENT_CHARS:
                 raise UserError(
-                    f"data file {input_path}: more than {_MAX_DOCUMENT_CHARS} characters without the separator "
+                    f"data file {input_name}: more than {_MAX_DOCUMENT_CHARS} characters without the separator "
                     f"{separator!r} before offset {offset}; pass the --separator that ends each document"
                 )
             for part in parts + ([] if chunk else [pending]):
@@ -79,10 +162,10 @@ def read_documents(input_path: pathlib.Path, separator: str):
             if not chunk:
                 break
     if documents == 0:
-        raise UserError(f"data file {input_path}: no text in it; pass a file of documents separated by {separator!r}")
+        raise UserError(f"data file {input_name}: no text in it; pass a file of documents separated by {separator!r}")
     if separators == 0:
         raise UserError(
-            f"data file {input_path}: the separator {separator!r} never occurs; end each document with it "
+            f"data file {input_name}: the separator {separator!r} never occurs; end each document with it "
             "(a single document too) or pass --separator"
         )
 
@@ -132,12 +215,13 @@ class _ShardWriter:
         return self.shards
 
 
-def _write_prepared(input_path, tokenizer: Tokenizer, directory: pathlib.Path, *, separator, workers, shard_bytes,
+def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: pathlib.Path, *, workers, shard_bytes,
                     log):
     lengths = array.array("i")
     writer = _ShardWriter(directory, shard_bytes, log)
     try:
-        for batch in _document_batches(read_documents(input_path, separator), _ENCODE_BATCH_CHARS):
+        documents = read_documents(input_path, source["separator"], name=source.get("url"))
+        for batch in _document_batches(documents, _ENCODE_BATCH_CHARS):
             for ids in tokenizer.encode_batch(batch, threads=workers):
                 ids.append(tokenizer.eos_id)
                 writer.write(np.asarray(ids, dtype=TOKEN_DTYPE).tobytes())
@@ -147,7 +231,7 @@ def _write_prepared(input_path, tokenizer: Tokenizer, directory: pathlib.Path, *
     np.save(directory / LENGTHS_FILE, np.frombuffer(lengths, dtype=np.int32))
     meta = {
         "format": FORMAT_VERSION,
-        "source": _source_identity(input_path, separator),
+        "source": source,
         "tokenizer": {
             "path": tokenizer.path,
             "sha256": tokenizer.sha256,
@@ -192,45 +276,65 @@ def _check_reusable(meta: dict, directory: pathlib.Path, tokenizer: Tokenizer, s
             f"{directory}: already prepared with another tokenizer ({meta['tokenizer']['path']}); "
             f"remove it or pass another --output for tokenizer {tokenizer.path}"
         )
-    if meta["source"] != source:
+    # The meta records more than the identity (the size of a download); only the identity must match.
+    prepared_from = meta["source"]
+    if {key: prepared_from.get(key) for key in source} != source:
         raise UserError(
-            f"{directory}: already prepared from {meta['source']['path']} ({meta['source']['bytes']} bytes, "
-            f"separator {meta['source']['separator']!r}); remove it or pass another --output"
+            f"{directory}: already prepared from {prepared_from.get('url', prepared_from.get('path'))} "
+            f"({prepared_from['bytes']} bytes, separator {prepared_from['separator']!r}); "
+            "remove it or pass another --output"
         )
 
 
-def prepare(input_path, tokenizer_path, output_dir, *, separator=SEPARATOR, workers=1,
-            shard_bytes=_SHARD_BYTES, log=lambda message: None) -> dict:
-    """Tokenizes `input_path` into `output_dir` (see the module docstring) and returns its meta.
-    `workers` tokenizer threads; shards of about `shard_bytes` of token ids; `log` gets progress lines."""
-    input_path, output_dir = pathlib.Path(input_path), pathlib.Path(output_dir)
+def prepare(source, tokenizer_path, output_dir, *, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES,
+            download_dir=None, log=lambda message: None) -> dict:
+    """Tokenizes `source` (a local file or an http(s):// URL) into `output_dir` (see the module
+    docstring) and returns its meta. `workers` tokenizer threads; shards of about `shard_bytes` of
+    token ids; a URL is downloaded into `download_dir`; `log` gets progress lines."""
+    source, output_dir = str(source), pathlib.Path(output_dir)
+    identity = _source_identity(source, separator)
     tokenizer = load_tokenizer(tokenizer_path)
     if output_dir.exists() and not output_dir.is_dir():
         raise UserError(f"--output {output_dir}: is a file; pass a directory path")
     if output_dir.is_dir() and any(output_dir.iterdir()):
         meta = read_meta(output_dir)
-        _check_reusable(meta, output_dir, tokenizer, _source_identity(input_path, separator))
+        _check_reusable(meta, output_dir, tokenizer, identity)
+        log(f"{output_dir} is already prepared")
         return meta
-    try:
-        with replaced_atomically(output_dir) as partial:  # replaces an empty output_dir, not a complete one
-            partial.mkdir()
-            return _write_prepared(input_path, tokenizer, partial, separator=separator, workers=workers,
-                                   shard_bytes=shard_bytes, log=log)
-    except OSError:
-        if not (output_dir / META_FILE).is_file():
-            raise
-        # Another process finished the same output first; keep its copy.
-        return read_meta(output_dir)
+    with _local_file(source, download_dir, log) as input_path:
+        recorded = {**identity, "bytes": input_path.stat().st_size}
+        try:
+            with replaced_atomically(output_dir) as partial:  # replaces an empty output_dir, not a complete one
+                partial.mkdir()
+                return _write_prepared(input_path, recorded, tokenizer, partial, workers=workers,
+                                       shard_bytes=shard_bytes, log=log)
+        except OSError:
+            if not (output_dir / META_FILE).is_file():
+                raise
+            # Another process finished the same output first; keep its copy.
+            return read_meta(output_dir)
 
 
-@entry_point()
-def main(argv=None) -> int | None:
+def _tokenizer_path(tokenizer: str) -> str:
+    if tokenizer != OFFICIAL:
+        return tokenizer
+    from trainer.models import OFFICIAL_TOKENIZER  # imports JAX and gemma, so only when asked for
+
+    return OFFICIAL_TOKENIZER
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.prepare",
         description="Tokenize a text corpus once into sharded ArrayRecord files for the trainer's --data.",
     )
-    parser.add_argument("--input", required=True, help="UTF-8 text file of documents, each ended by the separator")
-    parser.add_argument("--tokenizer", required=True, help="SentencePiece .model file (local path or gs://)")
+    parser.add_argument("--input", required=True,
+                        help="UTF-8 text of documents, each ended by the separator: a local file or an http(s):// URL")
+    parser.add_argument("--download-dir",
+                        help="where a URL --input is downloaded for the run, then removed (default: the system's "
+                             "temporary directory); it needs room for the whole file")
+    parser.add_argument("--tokenizer", required=True,
+                        help=f"SentencePiece .model file (local path or gs://), or {OFFICIAL!r} for Gemma 3's")
     parser.add_argument("--output", required=True, help="output directory (created; reused when complete)")
     parser.add_argument("--separator", default=SEPARATOR, help=f"string that ends each document (default {SEPARATOR!r})")
     parser.add_argument("--workers", type=int, default=os.cpu_count(),
@@ -238,7 +342,14 @@ def main(argv=None) -> int | None:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
-    meta = prepare(args.input, args.tokenizer, args.output, separator=args.separator, workers=args.workers,
+    return args
+
+
+@entry_point()
+def main(argv=None) -> int | None:
+    args = parse_args(argv)
+    meta = prepare(args.input, _tokenizer_path(args.tokenizer), args.output, separator=args.separator,
+                   workers=args.workers, download_dir=args.download_dir,
                    log=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"{args.output}: {meta['documents']} documents, {meta['tokens']} tokens, {len(meta['shards'])} shards")
 

@@ -311,46 +311,40 @@ def training(spec: RunSpec) -> dict[str, Any]:
     return training_job(spec) if spec.shape == "job" else training_jobset(spec)
 
 
-# Runs in the trainer image. Idempotent: a complete output (its marker) ends it before any
-# download. The tokenizer is the official Gemma 3 one, named by the trainer itself.
-_PREPARE_SCRIPT = """\
-set -eu
-if [ -f "$MARKER" ]; then echo "$OUTPUT is already prepared"; exit 0; fi
-if [ -n "${DATASET_URL:-}" ]; then
-  echo "downloading $DATASET_URL"
-  python -c 'import shutil, sys, urllib.request; shutil.copyfileobj(urllib.request.urlopen(sys.argv[1]), open(sys.argv[2], "wb"))' "$DATASET_URL" "$INPUT"
-fi
-TOKENIZER="$(python -c 'from trainer.models import OFFICIAL_TOKENIZER; print(OFFICIAL_TOKENIZER)')"
-exec python -m trainer.prepare --input "$INPUT" --tokenizer "$TOKENIZER" --output "$OUTPUT" --workers "$WORKERS"
-"""
+# `python -m trainer.prepare` in the trainer image, whose entrypoint is the trainer's. Idempotent: a
+# complete output (its marker) ends it before any download.
+_PREPARE_COMMAND = ("python", "-m", "trainer.prepare")
 
 
-def _dataset_source(spec: RunSpec) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Env, volumes and mounts that put the raw dataset at $INPUT: a download for a URL, the
-    data mount for an object in the data bucket, a read-only mount of another bucket otherwise."""
+def _dataset_source(spec: RunSpec) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The --input arguments, volumes and mounts of the raw dataset: a URL, downloaded into the
+    scratch volume; an object in the data bucket, through the data mount; one in another bucket,
+    through a read-only mount of that bucket."""
     if not spec.dataset.startswith("gs://"):
         scratch = {"name": "scratch", "emptyDir": {"sizeLimit": _PREPARE_SCRATCH}}
         mount = {"name": "scratch", "mountPath": _SCRATCH_MOUNT}
-        return {"DATASET_URL": spec.dataset, "INPUT": f"{_SCRATCH_MOUNT}/corpus.txt"}, [scratch], [mount]
+        return ["--input", spec.dataset, "--download-dir", _SCRATCH_MOUNT], [scratch], [mount]
     bucket, _, path = spec.dataset.removeprefix("gs://").partition("/")
     if bucket == spec.data_bucket:
-        return {"INPUT": f"{DATA_MOUNT}/{path}"}, [], []
+        return ["--input", f"{DATA_MOUNT}/{path}"], [], []
     volume = _fuse_volume("source", bucket, uid=TRAINER_UID, read_only=True)  # read once, start to end: no cache
     mount = {"name": "source", "mountPath": _SOURCE_MOUNT, "readOnly": True}
-    return {"INPUT": f"{_SOURCE_MOUNT}/{path}"}, [volume], [mount]
+    return ["--input", f"{_SOURCE_MOUNT}/{path}"], [volume], [mount]
 
 
 def preparation_job(spec: RunSpec) -> dict[str, Any]:
     """The data preparation Job on a CPU node: download (or mount) the corpus and tokenize it
     into `spec.prepared_dir` of the data bucket, unless that is already complete."""
-    source_env, source_volumes, source_mounts = _dataset_source(spec)
-    env = {**source_env, "OUTPUT": spec.prepared_path, "MARKER": spec.prepared_marker, "WORKERS": str(_PREPARE_CPUS)}
+    source_args, source_volumes, source_mounts = _dataset_source(spec)
+    # The official tokenizer: the one the trainer reads the prepared data with (every model but tiny).
+    # trainer.prepare writes `spec.prepared_path` with its marker, spec.PREPARED_MARKER_FILE, last.
+    args = [*source_args, "--tokenizer", "official", "--output", spec.prepared_path, "--workers", str(_PREPARE_CPUS)]
     resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}
     container = {
         "name": PREPARE_CONTAINER,
         "image": spec.image,
-        "command": ["sh", "-c", _PREPARE_SCRIPT],
-        "env": [{"name": name, "value": value} for name, value in env.items()],
+        "command": list(_PREPARE_COMMAND),
+        "args": args,
         "resources": {"requests": resources, "limits": resources},
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}, *source_mounts],
         "securityContext": _CONTAINER_SECURITY,

@@ -1,6 +1,12 @@
-"""`trainer.prepare`: streaming, EOS after every document, atomic and idempotent output, clear errors."""
+"""`trainer.prepare`: streaming, EOS after every document, atomic and idempotent output, clear errors,
+and URL inputs, served here by a local HTTP server."""
 
+import contextlib
+import http.server
 import json
+import re
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -140,3 +146,133 @@ def test_cli_prints_one_line_and_exits_user_error_on_bad_input(tmp_path, corpus_
     assert main(["--input", str(corpus_path), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "o"),
                  "--workers", "2"]) == exitcodes.OK
     assert "documents" in capsys.readouterr().out
+
+
+def _error_lines(stderr):
+    """The error lines among the progress lines (downloading ..., downloaded ...), no traceback."""
+    assert "Traceback" not in stderr
+    return [line for line in stderr.splitlines() if not line.startswith(("downloading ", "downloaded "))]
+
+
+class _Corpora(http.server.ThreadingHTTPServer):
+    """Serves `files` (URL path -> bytes) on localhost and counts the requests for each path.
+    `/unavailable` answers 503, `/rate-limited` 429; `/cut-off` promises more bytes than it sends."""
+
+    def __init__(self, files):
+        self.files, self.requests = files, {}
+        super().__init__(("127.0.0.1", 0), _CorpusHandler)
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+_ERROR_STATUSES = {"/unavailable": 503, "/rate-limited": 429}
+
+
+class _CorpusHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.server.requests[self.path] = self.server.requests.get(self.path, 0) + 1
+        if self.path in _ERROR_STATUSES:
+            self.send_error(_ERROR_STATUSES[self.path])
+            return
+        body = self.server.files.get(self.path.replace("/cut-off", "/corpus.txt"))
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body) * (2 if self.path == "/cut-off" else 1)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server(corpus_path):
+    corpora = _Corpora({"/corpus.txt": corpus_path.read_bytes(), "/binary.bin": b"\x00\x01 not text"})
+    thread = threading.Thread(target=corpora.serve_forever, daemon=True)
+    thread.start()
+    yield corpora
+    corpora.shutdown()
+    corpora.server_close()
+
+
+def test_a_url_is_downloaded_prepared_like_the_file_and_not_downloaded_again(
+    tmp_path, server, prepared_dir, corpus_path, tokenizer_path, capsys
+):
+    url, output, downloads = server.url("/corpus.txt"), tmp_path / "out", tmp_path / "downloads"
+    argv = ["--input", url, "--tokenizer", str(tokenizer_path), "--output", str(output), "--download-dir", str(downloads)]
+    assert main(argv) == exitcodes.OK
+    assert all(np.array_equal(a, b) for a, b in zip(_records(output), _records(prepared_dir), strict=True))
+    source = prepare_lib.read_meta(output)["source"]
+    assert source == {"url": url, "separator": SEPARATOR, "bytes": corpus_path.stat().st_size}
+    assert list(downloads.iterdir()) == []  # the download was for this run only
+    capsys.readouterr()
+    assert main(argv) == exitcodes.OK
+    assert f"{output} is already prepared" in capsys.readouterr().err
+    assert server.requests == {"/corpus.txt": 1}  # complete: not downloaded again
+
+
+def test_a_complete_output_from_another_source_is_refused_before_any_download(tmp_path, server, corpus_path,
+                                                                             tokenizer_path):
+    """A URL is its identity: another URL is another source even if it serves the same bytes, and
+    a local file is never taken for a download."""
+    from_url, from_file = tmp_path / "from-url", tmp_path / "from-file"
+    prepare(server.url("/corpus.txt"), tokenizer_path, from_url)
+    prepare(corpus_path, tokenizer_path, from_file)
+    from_the_url = re.escape(f"from-url: already prepared from {server.url('/corpus.txt')} ")
+    with pytest.raises(UserError, match=from_the_url):
+        prepare(server.url("/corpus.txt?copy"), tokenizer_path, from_url)
+    with pytest.raises(UserError, match=from_the_url):
+        prepare(corpus_path, tokenizer_path, from_url)
+    with pytest.raises(UserError, match=re.escape(f"from-file: already prepared from {corpus_path.resolve()} ")):
+        prepare(server.url("/corpus.txt"), tokenizer_path, from_file)
+    assert server.requests == {"/corpus.txt": 1}
+
+
+@pytest.mark.parametrize(("path", "message"), [("/missing.txt", "HTTP 404"), ("/binary.bin", "binary content")])
+def test_a_bad_url_is_one_line_naming_it(tmp_path, server, tokenizer_path, capsys, path, message):
+    downloads = tmp_path / "downloads"
+    assert main(["--input", server.url(path), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "out"),
+                 "--download-dir", str(downloads)]) == exitcodes.USER_ERROR
+    (error,) = _error_lines(capsys.readouterr().err)
+    assert server.url(path) in error and message in error, error
+    assert not (tmp_path / "out").exists() and list(downloads.iterdir()) == []
+
+
+def test_an_unreachable_host_is_one_line_naming_the_url(tmp_path, tokenizer_path, capsys):
+    with contextlib.closing(socket.socket()) as free:
+        free.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{free.getsockname()[1]}/corpus.txt"  # nothing listens there once closed
+    assert main(["--input", url, "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "out")]) == \
+        exitcodes.USER_ERROR
+    (error,) = _error_lines(capsys.readouterr().err)
+    assert url in error and "cannot reach the host" in error, error
+
+
+@pytest.mark.parametrize("path", ["/unavailable", "/rate-limited", "/cut-off"])
+def test_a_server_error_or_cut_download_is_not_a_user_error_and_leaves_nothing(tmp_path, server, tokenizer_path, path):
+    """The preparation Job retries these (any exit but USER_ERROR); a short body is never tokenized."""
+    downloads = tmp_path / "downloads"
+    with pytest.raises(ConnectionError, match=server.url(path)):
+        prepare(server.url(path), tokenizer_path, tmp_path / "out", download_dir=downloads)
+    assert not (tmp_path / "out").exists() and list(downloads.iterdir()) == []
+
+
+def test_tokenizer_official_is_the_trainers_gemma3_tokenizer(tmp_path, corpus_path, tokenizer_path, monkeypatch):
+    from trainer import models
+
+    assert models.OFFICIAL_TOKENIZER.endswith(".model")
+    monkeypatch.setattr(models, "OFFICIAL_TOKENIZER", str(tokenizer_path))  # the real one is read from gs://
+    assert main(["--input", str(corpus_path), "--tokenizer", prepare_lib.OFFICIAL, "--output", str(tmp_path / "o")]) == \
+        exitcodes.OK
+    assert prepare_lib.read_meta(tmp_path / "o")["tokenizer"]["path"] == str(tokenizer_path)
+
+
+def test_a_gs_input_is_refused_with_the_way_to_read_it(tmp_path, tokenizer_path, capsys):
+    assert main(["--input", "gs://corpora/stories.txt", "--tokenizer", str(tokenizer_path),
+                 "--output", str(tmp_path / "o")]) == exitcodes.USER_ERROR
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--input gs://corpora/stories.txt" in error and "GCS FUSE" in error

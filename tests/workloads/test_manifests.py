@@ -1,8 +1,6 @@
 """What the builders promise a user, stack by stack: the shape and size of the run, where its pods
 land, what happens when a pod fails, that data comes first, and what the trainer is told."""
 
-import subprocess
-
 import pytest
 
 from infra import tpu
@@ -118,18 +116,25 @@ def test_max_restarts_comes_from_the_stack_config():
         assert limit == 3
 
 
+def preparation_args(prep):
+    """The preparation container's command line as `python -m trainer.prepare` parses it."""
+    prepare_container = container(prep["spec"]["template"], manifests.PREPARE_CONTAINER)
+    assert prepare_container["command"] == ["python", "-m", "trainer.prepare"]
+    assert "env" not in prepare_container  # everything it is told is in its arguments
+    return prepare.parse_args(prepare_container["args"])
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_training_waits_for_the_prepared_data_it_reads(stack):
     spec = spec_of(stack_config(stack))
     prep = manifests.preparation_job(spec)
-    prep_env = env_of(container(prep["spec"]["template"], manifests.PREPARE_CONTAINER))
+    output = preparation_args(prep).output
     pod = training_pod(manifests.training(spec))
     (init,) = pod["spec"]["initContainers"]
     assert PREPARED_MARKER_FILE == prepare.META_FILE  # the file trainer.prepare renames into place
-    assert prep_env["MARKER"] == f"{prep_env['OUTPUT']}/{prepare.META_FILE}"
-    assert prep_env["MARKER"] in init["command"][-1]  # the init container polls exactly that file
+    assert f"{output}/{prepare.META_FILE}" in init["command"][-1]  # the init container polls exactly that file
     trainer_args = container(pod, "trainer")["args"]
-    assert trainer_args[trainer_args.index("--data") + 1] == prep_env["OUTPUT"]
+    assert trainer_args[trainer_args.index("--data") + 1] == output
     # Both see the same bucket at the same path.
     buckets = [
         {v["name"]: v["csi"]["volumeAttributes"]["bucketName"] for v in p["spec"]["volumes"] if "csi" in v}["data"]
@@ -145,19 +150,21 @@ def test_preparation_fails_at_once_on_bad_input():
 
 
 @pytest.mark.parametrize(
-    ("dataset", "input_path", "extra_volume"),
+    ("dataset", "input_arg", "extra_volume"),
     [
-        ("https://example.com/corpus.txt", "/scratch/corpus.txt", "scratch"),
+        ("https://example.com/corpus.txt", "https://example.com/corpus.txt", "scratch"),
         ("gs://my-project-dev-data/raw/corpus.txt", "/data/raw/corpus.txt", None),
         ("gs://corpora/raw/corpus.txt", "/source/raw/corpus.txt", "source"),
     ],
 )
-def test_the_dataset_reaches_preparation_by_download_or_mount(dataset, input_path, extra_volume):
-    prep = manifests.preparation_job(spec_of(edited_config("dev", training={"dataset": dataset})))
+def test_the_dataset_reaches_preparation_by_download_or_mount(dataset, input_arg, extra_volume):
+    spec = spec_of(edited_config("dev", training={"dataset": dataset}))
+    prep = manifests.preparation_job(spec)
     pod = prep["spec"]["template"]
-    env = env_of(container(pod, "prepare"))
-    assert env["INPUT"] == input_path
-    assert ("DATASET_URL" in env) == dataset.startswith("https://")
+    args = preparation_args(prep)
+    assert (args.input, args.tokenizer, args.output) == (input_arg, prepare.OFFICIAL, spec.prepared_path)
+    mounts = {m["name"]: m["mountPath"] for m in container(pod, "prepare")["volumeMounts"]}
+    assert args.download_dir == mounts.get("scratch")  # a URL is downloaded into the scratch volume
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert set(volumes) == {"data"} | ({extra_volume} if extra_volume else set())
     if extra_volume == "source":
@@ -292,19 +299,6 @@ def test_the_root_fallback_makes_only_training_pods_root_and_keeps_capabilities_
     _check_pod_security(training_pod(manifests.training(spec)), root=True)
     _check_pod_security(manifests.preparation_job(spec)["spec"]["template"], root=False)
     assert spec.name == spec_of(stack_config(stack)).name  # the same run: it resumes from its checkpoints
-
-
-def test_preparation_script_does_nothing_when_the_output_is_complete(tmp_path):
-    """The container's script, run here: a complete output ends it before any download."""
-    prep = manifests.preparation_job(spec_of(stack_config("dev")))
-    prepare_container = container(prep["spec"]["template"], "prepare")
-    (tmp_path / PREPARED_MARKER_FILE).write_text("{}")
-    env = {**env_of(prepare_container), "OUTPUT": str(tmp_path), "MARKER": str(tmp_path / PREPARED_MARKER_FILE),
-           "DATASET_URL": "https://unreachable.invalid/corpus.txt", "INPUT": str(tmp_path / "never-written")}  # fmt: skip
-    result = subprocess.run(prepare_container["command"], env=env, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    assert "already prepared" in result.stdout
-    assert not (tmp_path / "never-written").exists()
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -10,15 +10,12 @@ import hashlib
 import json
 import math
 import pathlib
-import signal
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import multihost_utils
 
-from trainer import checkpoint, flops, hardware, mesh, models, precision, sampling, shared_files, step
+from trainer import checkpoint, flops, mesh, models, precision, sampling, shared_files, step
 from trainer import data as data_lib
 from trainer import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -27,6 +24,8 @@ from trainer.errors import UserError
 from trainer.loss import choose_vocab_chunk
 from trainer.metrics import METRICS_FILE, MetricsReporter
 from trainer.plot import plot_loss
+from trainer.preemption import PreemptionNotice
+from trainer.throughput import ThroughputMeter
 
 # The demo's generated inputs (`--preset tiny` without --data / --tokenizer).
 DEMO_STORIES = 4000
@@ -57,14 +56,14 @@ def train(config: TrainConfig) -> dict:
         coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
     )
     mesh.require_requested_platform()
-    preemption = _PreemptionNotice(distributed)
+    preemption = PreemptionNotice(distributed)
     try:
         return _train(config, preemption)
     finally:
         preemption.close()
 
 
-def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
+def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(config.workdir)
     try:
@@ -98,20 +97,19 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
     resume_step = checkpointer.latest_step()
 
     trained, frozen = initial_params(config, model_config, shard, resuming=resume_step is not None)
-    if frozen is not None:
-        frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)
+    frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)  # None stays None
     if resume_step is None:
         state = step.init_state(trained, optimizer, state_shardings_fn=shard)
         start_step = 0
     else:
-        abstract = _abstract_state(trained, optimizer, shard)
+        abstract = step.abstract_state(trained, optimizer, state_shardings_fn=shard)
         start_step, state = checkpointer.restore_latest(abstract, train_batches)
 
     model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
-    per_device_tokens = config.batch_size * config.seq_len // device_mesh.size
+    positions_per_step = config.batch_size * config.seq_len
     functions = step.make_step_functions(
-        model, optimizer, compute_dtype=compute_dtype, lora=bool(config.lora_rank), softcap=model_config.final_logit_softcap,
-        vocab_chunk=choose_vocab_chunk(per_device_tokens, model_config.num_embed), state_shardings=shard(state),
+        model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap,
+        vocab_chunk=choose_vocab_chunk(positions_per_step // device_mesh.size, model_config.num_embed), state_shardings=shard(state),
     )
     if is_main:
         write_resolved_config(config, workdir, model_config=model_config, inputs=inputs, total_steps=total_steps,
@@ -122,13 +120,16 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
         if resume_step is not None:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
             reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}{done}")
-        forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype, bool(config.lora_rank))  # noqa: E731
+        forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype)  # noqa: E731
         if config.samples:
             reporter.text("samples/before", start_step, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
         loop = _StepLoop(
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
             checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(optimizer_config), inputs=inputs,
-            flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
+            throughput=ThroughputMeter(
+                positions_per_step=positions_per_step,
+                flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
+            ),
             preemption=preemption,
         )
         try:
@@ -137,7 +138,7 @@ def _train(config: TrainConfig, preemption: "_PreemptionNotice") -> dict:
             checkpointer.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
-    export_final(config, workdir, state, frozen)
+    export_final(workdir, state, frozen)
     if is_main:
         plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
     return final_metrics
@@ -185,31 +186,25 @@ def _check_batch(config: TrainConfig, device_mesh) -> None:
 def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
     """(trained, frozen): full fine-tune -> (all weights, None); LoRA -> (adapters, base weights).
 
+    The run's one LoRA decision: past here, `frozen is None` is a full fine-tune (step.model_params).
     A resumed full fine-tune restores every trained weight from the checkpoint, so only the
     shapes are built here; a resumed LoRA run still needs its frozen base.
     """
-    lora = bool(config.lora_rank)
-    if resuming and not lora:
-        init = lambda: models.init_params(model_config, seed=config.seed, out_shardings=shard)  # noqa: E731
-        return jax.eval_shape(init), None
+    if not config.lora_rank:
+        if resuming:
+            return jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed, out_shardings=shard)), None
+        return _base_weights(config, model_config, shard), None
+    base = _base_weights(config, model_config, shard)
+    return models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard), base
+
+
+def _base_weights(config: TrainConfig, model_config, shard):
+    """The model's weights as --weights gives them: random, the official checkpoint or a checkpoint path."""
     if config.weights == "random":
-        base = models.init_params(model_config, seed=config.seed, out_shardings=shard)
-    else:
-        path = models.official_checkpoint(config.model) if config.weights == "official" else config.weights
-        expected = jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed))
-        base = models.load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
-    if not lora:
-        return base, None
-    adapters = models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)
-    return adapters, base
-
-
-def _abstract_state(trained, optimizer, shard):
-    def build(params):
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
-
-    shapes = jax.eval_shape(build, trained)
-    return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shard(shapes))
+        return models.init_params(model_config, seed=config.seed, out_shardings=shard)
+    path = models.official_checkpoint(config.model) if config.weights == "official" else config.weights
+    expected = jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed))
+    return models.load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
 
 
 def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_config, inputs: Inputs, total_steps: int,
@@ -230,28 +225,6 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
     shared_files.write_text_atomically(workdir / "config.json", json.dumps(resolved, indent=2, default=str) + "\n")
 
 
-class _PreemptionNotice:
-    """Whether a SIGTERM arrived: JAX's preemption sync point after distributed init (all processes
-    agree on the step), else our own signal flag (one process)."""
-
-    def __init__(self, distributed: bool):
-        self._distributed = distributed
-        self._signalled = False
-        self._previous_handler = None if distributed else signal.signal(signal.SIGTERM, self._on_signal)
-
-    def close(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-
-    def _on_signal(self, signum, frame):
-        self._signalled = True
-
-    def reached(self, step_number: int) -> bool:
-        if self._distributed:
-            return multihost_utils.reached_preemption_sync_point(step_number)
-        return self._signalled
-
-
 @dataclasses.dataclass
 class _StepLoop:
     config: TrainConfig
@@ -263,14 +236,13 @@ class _StepLoop:
     reporter: object
     schedule: object
     inputs: Inputs
-    flops_per_token: float
-    preemption: _PreemptionNotice
+    throughput: ThroughputMeter
+    preemption: PreemptionNotice
     last_good_checkpoint: int | None = None
 
     def run(self, state, train_batches, start_step: int):
         config = self.config
         self.last_good_checkpoint = start_step or None
-        throughput = _Throughput(self.config, self.flops_per_token)
         final = {}
         for step_number in range(start_step + 1, self.total_steps + 1):
             try:
@@ -280,7 +252,7 @@ class _StepLoop:
             self._profile(step_number - start_step, before=True)
             state, metrics = self.functions.train(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
             self._profile(step_number - start_step, before=False, metrics=metrics)
-            throughput.add(metrics)
+            self.throughput.add(metrics)
             last = step_number == self.total_steps
             # The first step of every run is reported too, so a resumed run shows where it started.
             due_log = step_number % config.log_interval == 0 or last or step_number == start_step + 1
@@ -295,7 +267,7 @@ class _StepLoop:
             if due_log:
                 report = {"loss": values["loss"], "learning_rate": float(self.schedule(step_number - 1)), "grad_norm": values["grad_norm"]}
                 report["batch"] = batch_digest(local_batch)
-                report.update(throughput.measure())
+                report.update(self.throughput.measure())
                 final = {"step": step_number, **report}
             if due_eval:
                 report.update(self._evaluate(state))
@@ -307,7 +279,7 @@ class _StepLoop:
             if preempted and not last:
                 self.checkpointer.close()
                 raise Preempted(step_number)
-            throughput.restart()  # eval and checkpoint time is not step time
+            self.throughput.restart()  # eval and checkpoint time is not step time
         return state, final
 
     def _evaluate(self, state) -> dict:
@@ -349,53 +321,11 @@ class _StepLoop:
             jax.profiler.stop_trace()
 
 
-class _Throughput:
-    """Tokens per second, step time and MFU over the steps since the last restart.
-
-    The first step of a run compiles, so timing starts when it has finished.
-    """
-
-    def __init__(self, config: TrainConfig, flops_per_token: float):
-        self._positions_per_step = config.batch_size * config.seq_len
-        self._flops_per_token = flops_per_token
-        self._peak = hardware.peak_bf16_flops(jax.devices()[0].device_kind)
-        self._start = None
-        self._token_counts = []
-
-    def add(self, metrics) -> None:
-        if self._start is None:
-            jax.block_until_ready(metrics)
-            self.restart()
-        else:
-            self._token_counts.append(metrics["tokens"])
-
-    def restart(self) -> None:
-        self._start, self._token_counts = time.perf_counter(), []
-
-    def measure(self) -> dict:
-        steps = len(self._token_counts)
-        if not steps:
-            return {}
-        elapsed = time.perf_counter() - self._start
-        devices = jax.device_count()
-        tokens_per_sec = sum(float(count) for count in self._token_counts) / elapsed
-        # Every position is computed, padding included, so MFU counts them all.
-        positions_per_sec_per_device = self._positions_per_step * steps / elapsed / devices
-        return {
-            "tokens_per_sec": tokens_per_sec,
-            "tokens_per_sec_per_device": tokens_per_sec / devices,
-            "step_time_s": elapsed / steps,
-            "mfu": flops.model_flops_utilization(positions_per_sec_per_device, self._flops_per_token, self._peak),
-        }
-
-
-def export_final(config: TrainConfig, workdir: pathlib.Path, state, frozen) -> None:
+def export_final(workdir: pathlib.Path, state, frozen) -> None:
     """WORKDIR/export/params: a plain Gemma tree for gm.ckpts.load_params (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone."""
     export_dir = workdir / "export"
-    if config.lora_rank:
+    if frozen is not None:
         checkpoint.export_params(state["params"], export_dir / "lora")
-        joined = models.join_lora(jax.tree.map(lambda p: p.astype(jnp.float32), frozen), state["params"])
-        checkpoint.export_params(models.merge_lora_into_base(joined), export_dir / "params")
-    else:
-        checkpoint.export_params(state["params"], export_dir / "params")
+    base = jax.tree.map(lambda p: p.astype(jnp.float32), frozen)
+    checkpoint.export_params(models.merge_lora_into_base(step.model_params(state["params"], base)), export_dir / "params")

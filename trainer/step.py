@@ -2,12 +2,13 @@
 
 State = {"step", "params" (the trained float32 masters: all weights, or only the LoRA adapters),
 "opt_state"}; with LoRA the frozen base weights travel beside it in the compute dtype, not donated,
-not checkpointed (they are reloaded from --weights).
+not checkpointed (they are reloaded from --weights). A full fine-tune has no frozen tree: None.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -61,10 +62,15 @@ def build_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
     )
 
 
-def forward_params(trained, frozen, compute_dtype, lora: bool):
-    """The weights the model runs with: adapters joined to the frozen base under LoRA, in the compute dtype."""
-    params = models.join_lora(frozen, trained) if lora else trained
-    return jax.tree.map(lambda p: p.astype(compute_dtype), params)
+def model_params(trained, frozen):
+    """The model's whole parameter tree: `trained` alone in a full fine-tune (`frozen` is None),
+    else LoRA's adapters joined to the frozen base."""
+    return trained if frozen is None else models.join_lora(frozen, trained)
+
+
+def forward_params(trained, frozen, compute_dtype):
+    """The weights the model runs with, in the compute dtype."""
+    return jax.tree.map(lambda p: p.astype(compute_dtype), model_params(trained, frozen))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,13 +86,12 @@ def make_step_functions(
     optimizer: optax.GradientTransformation,
     *,
     compute_dtype,
-    lora: bool,
     softcap: float | None,
     vocab_chunk: int | None,
     state_shardings=None,
 ) -> StepFunctions:
     def loss_sums(trained, frozen, batch):
-        params = forward_params(trained, frozen, compute_dtype, lora)
+        params = forward_params(trained, frozen, compute_dtype)
         return loss.loss_sums(model, params, batch, softcap=softcap, vocab_chunk=vocab_chunk)
 
     def mean_loss(trained, frozen, batch):
@@ -117,11 +122,21 @@ def make_step_functions(
     )
 
 
+def fresh_state(params, optimizer: optax.GradientTransformation) -> State:
+    """The state before step 1: the float32 `params` and the optimizer's initial state for them."""
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
+
+
 def init_state(params, optimizer: optax.GradientTransformation, *, state_shardings_fn: Callable) -> State:
-    """Wraps float32 params with a fresh optimizer state, sharded like them (`state_shardings_fn(tree)`)."""
-
-    def build(p):
-        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": optimizer.init(p)}
-
+    """fresh_state, built sharded by `state_shardings_fn(tree)`; `params` is donated."""
+    build = functools.partial(fresh_state, optimizer=optimizer)
     shardings = state_shardings_fn(jax.eval_shape(build, params))
     return jax.jit(build, out_shardings=shardings, donate_argnums=0)(params)
+
+
+def abstract_state(params, optimizer: optax.GradientTransformation, *, state_shardings_fn: Callable) -> State:
+    """What init_state would build, as shapes, dtypes and shardings only: the target a checkpoint is
+    restored into. `params` may be shapes too."""
+    shapes = jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), params)
+    with_sharding = lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)  # noqa: E731
+    return jax.tree.map(with_sharding, shapes, state_shardings_fn(shapes))

@@ -51,7 +51,7 @@ def test_train_step_donates_the_state_and_updates_the_float32_masters():
     params = models.init_params(config, seed=0)
     optimizer = step.build_optimizer(_optimizer_config(lr=1e-2, warmup_steps=0))
     state = step.init_state(params, optimizer, state_shardings_fn=lambda tree: None)
-    functions = step.make_step_functions(model, optimizer, compute_dtype=jnp.float32, lora=False, softcap=None, vocab_chunk=None)
+    functions = step.make_step_functions(model, optimizer, compute_dtype=jnp.float32, softcap=None, vocab_chunk=None)
     tokens = np.arange(2 * 16, dtype=np.int32).reshape(2, 16) % 60 + 4
     batch = {"input_tokens": tokens, "target_tokens": np.roll(tokens, -1, axis=1), "segment_ids": np.ones_like(tokens),
              "positions": np.tile(np.arange(16, dtype=np.int32), (2, 1)), "loss_mask": np.ones(tokens.shape, np.float32)}

@@ -35,7 +35,7 @@ class Ours(Side):
         dtype = dtype or precision.compute_dtype()
         per_device_tokens = batch_size * seq_len // self.mesh.size
         self.functions = step.make_step_functions(
-            models.build_model(model_config, dtype=dtype), optimizer, compute_dtype=dtype, lora=False,
+            models.build_model(model_config, dtype=dtype), optimizer, compute_dtype=dtype,
             softcap=model_config.final_logit_softcap, vocab_chunk=loss.choose_vocab_chunk(per_device_tokens, model_config.num_embed),
             state_shardings=shard(self.state),
         )

@@ -12,6 +12,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from infra.accounts import namespace_object, service_account_object
 from infra.cluster import GkeCluster
 from infra.component import Component, service_account_member
 from infra.config import StackConfig
@@ -19,7 +20,6 @@ from infra.storage import Buckets
 
 READ_ROLE = "roles/storage.objectViewer"
 WRITE_ROLE = "roles/storage.objectUser"  # read, write and delete objects
-WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +40,7 @@ class TrainingIdentity(Component):
         self._config = config
         self._cluster = cluster
         self.namespace = k8s.core.v1.Namespace(
-            "training-namespace",
-            k8s.core.v1.NamespaceInitArgs(metadata=k8s.meta.v1.ObjectMetaArgs(name=config.namespace)),
-            opts=self._on_cluster(),
+            "training-namespace", metadata=namespace_object(config.namespace)["metadata"], opts=self._on_cluster()
         )
         self.training = self._pod_identity(
             "training",
@@ -86,13 +84,9 @@ class TrainingIdentity(Component):
         ]
         kubernetes_account = k8s.core.v1.ServiceAccount(
             f"{label}-service-account",
-            k8s.core.v1.ServiceAccountInitArgs(
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=service_account,
-                    namespace=self.namespace.metadata.name,
-                    annotations={WORKLOAD_IDENTITY_ANNOTATION: account.email},
-                ),
-            ),
+            metadata=service_account_object(
+                service_account, namespace=self.namespace.metadata.name, google_service_account=account.email
+            )["metadata"],
             opts=self._on_cluster(),
         )
         # The identity pool exists once the cluster does; only this one ServiceAccount may act as

@@ -14,7 +14,7 @@ import pulumi_docker_build as docker_build
 import pulumi_gcp as gcp
 
 from infra.config import StackConfig
-from workloads.spec import TRAINER_UID
+from trainer.contract import TRAINER_UID
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
 IMAGE_NAME = "trainer"

@@ -1,4 +1,4 @@
 """The JAX fine-tuning trainer that runs in the container (and, with a tiny model, on a laptop CPU).
 
-Kept free of heavy imports so that `workloads` can read `trainer.exitcodes` without JAX.
+Kept free of heavy imports so that `workloads` can read `trainer.contract` without JAX.
 """

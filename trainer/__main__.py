@@ -1,10 +1,10 @@
-"""`python -m trainer`: fine-tune; exits 0 when done, exitcodes.RETRY after a preemption checkpoint,
-exitcodes.USER_ERROR with one line on stderr for a problem the user can fix."""
+"""`python -m trainer`: fine-tune; exits 0 when done, contract.RETRY after a preemption checkpoint,
+contract.USER_ERROR with one line on stderr for a problem the user can fix."""
 
 import os
 import sys
 
-from trainer import exitcodes
+from trainer import contract
 from trainer.errors import UserError, entry_point
 
 
@@ -26,7 +26,7 @@ def main(argv=None) -> int | None:
         loop.train(config)
     except loop.Preempted as preempted:
         print(f"trainer: {preempted}", file=sys.stderr)
-        return exitcodes.RETRY
+        return contract.RETRY
     except jax.errors.JaxRuntimeError as error:
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise

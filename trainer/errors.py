@@ -4,18 +4,18 @@ and how the command-line entry points report it."""
 import functools
 import sys
 
-from trainer import exitcodes
+from trainer import contract
 
 
 class UserError(Exception):
     """A problem the user can fix. The entry points print its message as one line and exit
-    with `exitcodes.USER_ERROR`, without a traceback. The message names the offending
+    with `contract.USER_ERROR`, without a traceback. The message names the offending
     flag or file and says how to fix it."""
 
 
 def entry_point(prefix: str = ""):
     """Decorates a CLI `main`: a UserError becomes `{prefix}error: <message>` on stderr and
-    `exitcodes.USER_ERROR`; a main that returns nothing exits `exitcodes.OK`."""
+    `contract.USER_ERROR`; a main that returns nothing exits `contract.OK`."""
 
     def decorate(main):
         @functools.wraps(main)
@@ -24,8 +24,8 @@ def entry_point(prefix: str = ""):
                 code = main(*args, **kwargs)
             except UserError as error:
                 print(f"{prefix}error: {error}", file=sys.stderr)
-                return exitcodes.USER_ERROR
-            return exitcodes.OK if code is None else code
+                return contract.USER_ERROR
+            return contract.OK if code is None else code
 
         return run
 

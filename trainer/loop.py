@@ -35,7 +35,7 @@ PROFILE_STEPS = range(3, 6)
 
 
 class Preempted(Exception):
-    """Raised after the preemption checkpoint; the entry point exits with exitcodes.RETRY."""
+    """Raised after the preemption checkpoint; the entry point exits with contract.RETRY."""
 
     def __init__(self, step: int):
         super().__init__(f"preempted: checkpointed step {step}, restart to resume")

@@ -30,13 +30,14 @@ import urllib.request
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from trainer import contract
 from trainer.corpus import SEPARATOR
 from trainer.errors import UserError, entry_point
 from trainer.shared_files import replaced_atomically
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
-META_FILE = "meta.json"
+META_FILE = contract.PREPARED_MARKER_FILE  # written last: its presence marks the output complete
 LENGTHS_FILE = "lengths.npy"
 TOKEN_DTYPE = np.dtype("<i4")
 

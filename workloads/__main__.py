@@ -19,7 +19,7 @@ import yaml
 from infra.config import parse_stack_config
 from infra.errors import ConfigError
 from infra.stack_files import offline_values
-from trainer.exitcodes import USER_ERROR
+from trainer.contract import USER_ERROR
 from workloads import manifests
 from workloads.spec import RunSpec, run_spec
 

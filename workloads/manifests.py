@@ -7,13 +7,13 @@ pool. Autopilot gets the same objects: pods find TPU nodes by the catalog's node
 pods select the node pools bound to it (spec.tpu_node_pools).
 
 Data before training: the data preparation Job writes its output with a marker file in it, renamed
-into place when complete (spec.PREPARED_MARKER_FILE). Every training pod starts with an init container that waits for that marker
+into place when complete (trainer.contract.PREPARED_MARKER_FILE). Every training pod starts with an init container that waits for that marker
 on its read-only data mount. This ordering holds for every shape (a batch/v1 Job has no JobSet
 `dependsOn`), however the objects are applied (`pulumi up` or `kubectl apply` of the rendered YAML),
 and after every restart (the marker is there: no wait). `pulumi up` additionally awaits the
 preparation Job before it creates the training objects, so a failed download fails the update.
 
-Failure semantics (exit codes from trainer.exitcodes, see spec.RETRYABLE_EXIT_CODES; the table
+Failure semantics (exit codes from trainer.contract, see spec.RETRYABLE_EXIT_CODES; the table
 in docs/workloads.md): a disruption (preemption, eviction, node shutdown: the pod's DisruptionTarget
 condition) restarts the run from its last checkpoint without spending a restart; the trainer's
 RETRY code restarts it, at most `max_restarts` times; any other exit (a code or config error, an
@@ -23,9 +23,10 @@ have `backoffLimit: 0` and the JobSet restarts them as a whole.
 
 from typing import Any
 
-from infra.identity import WORKLOAD_IDENTITY_ANNOTATION
+from infra.accounts import namespace_object, service_account_object
 from infra.names import SLICE_JOB
-from trainer import exitcodes
+from trainer import contract
+from trainer.contract import TRAINER_UID
 from workloads.spec import (
     ARTIFACTS_MOUNT,
     DATA_MOUNT,
@@ -34,7 +35,6 @@ from workloads.spec import (
     PROFILE_PORT,
     RETRYABLE_EXIT_CODES,
     TERMINATION_GRACE_SECONDS,
-    TRAINER_UID,
     RunSpec,
 )
 
@@ -132,7 +132,7 @@ _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop
 def _wait_for_data(spec: RunSpec) -> dict[str, Any]:
     give_up = (
         f"echo \"error: {spec.prepared_marker} did not appear within {PREPARE_DEADLINE_SECONDS} s: "
-        f"see kubectl logs -n {spec.namespace} job/{spec.prepare_name}\" >&2; exit {exitcodes.USER_ERROR}"
+        f"see kubectl logs -n {spec.namespace} job/{spec.prepare_name}\" >&2; exit {contract.USER_ERROR}"
     )
     script = (
         f"timeout {PREPARE_DEADLINE_SECONDS} sh -c 'until [ -f \"$0\" ]; do sleep {_POLL_SECONDS}; done' "
@@ -230,29 +230,18 @@ def _metadata(spec: RunSpec, name: str, component: str, annotations: dict[str, s
 
 
 def namespace(spec: RunSpec) -> dict[str, Any]:
-    """The namespace of the run (created by infra.identity on `pulumi up`)."""
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace}}
-
-
-def _service_account(spec: RunSpec, name: str, google_service_account: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {
-            "name": name,
-            "namespace": spec.namespace,
-            "annotations": {WORKLOAD_IDENTITY_ANNOTATION: google_service_account},
-        },
-    }
+    """The namespace of the run (created by infra.identity on `pulumi up`, from the same builder)."""
+    return namespace_object(spec.namespace)
 
 
 def service_accounts(spec: RunSpec) -> list[dict[str, Any]]:
     """The pods' ServiceAccounts, training's then data preparation's, each acting as its own
-    Google account (created by infra.identity)."""
+    Google account (created by infra.identity on `pulumi up`, from the same builder)."""
     return [
-        _service_account(spec, spec.service_account, spec.google_service_account),
-        _service_account(spec, spec.prepare_service_account, spec.prepare_google_service_account),
-    ]
+        service_account_object(spec.service_account, namespace=spec.namespace, google_service_account=spec.google_service_account),
+        service_account_object(spec.prepare_service_account, namespace=spec.namespace,
+                               google_service_account=spec.prepare_google_service_account),
+    ]  # fmt: skip
 
 
 def training_job(spec: RunSpec) -> dict[str, Any]:
@@ -337,7 +326,7 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
     into `spec.prepared_dir` of the data bucket, unless that is already complete."""
     source_args, source_volumes, source_mounts = _dataset_source(spec)
     # The official tokenizer: the one the trainer reads the prepared data with (every model but tiny).
-    # trainer.prepare writes `spec.prepared_path` with its marker, spec.PREPARED_MARKER_FILE, last.
+    # trainer.prepare writes `spec.prepared_path` with its marker, contract.PREPARED_MARKER_FILE, last.
     args = [*source_args, "--tokenizer", "official", "--output", spec.prepared_path, "--workers", str(_PREPARE_CPUS)]
     resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}
     container = {
@@ -371,7 +360,7 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
                 "rules": [
                     {
                         "action": "FailJob",
-                        "onExitCodes": {"containerName": PREPARE_CONTAINER, "operator": "In", "values": [exitcodes.USER_ERROR]},
+                        "onExitCodes": {"containerName": PREPARE_CONTAINER, "operator": "In", "values": [contract.USER_ERROR]},
                     }
                 ]
             },

@@ -13,17 +13,14 @@ from typing import Literal
 
 from infra.config import StackConfig, TpuConfig, trainer_flags
 from infra.names import CPU_POOL_NAME, run_object_name, tpu_pool_names
-from trainer import exitcodes
+from trainer import contract
+from trainer.contract import PREPARED_MARKER_FILE, TRAINER_UID
 
-# The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
-TRAINER_UID = 1000
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
 ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles
-# `trainer.prepare` renames its output into place with this file in it: its presence = complete.
-PREPARED_MARKER_FILE = "meta.json"
 PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
 # SIGTERM reaches the trainer, which checkpoints at the next step (one step plus an Orbax save of
-# parameters and optimizer state through the FUSE mount) and exits with exitcodes.RETRY. Five
+# parameters and optimizer state through the FUSE mount) and exits with contract.RETRY. Five
 # minutes covers Gemma 3 up to 4B; Spot VMs give 30 s whatever is set, and then the last interval
 # checkpoint is what the restart resumes from.
 TERMINATION_GRACE_SECONDS = 300
@@ -35,7 +32,7 @@ PREPARE_DEADLINE_SECONDS = 2 * 3600
 # Any other non-zero code fails the run at once: a code or config error, or a SIGKILL (128+9) of the
 # kernel's OOM killer, which a restart would only meet again. A preemption, eviction or node
 # shutdown is told apart by the pod's DisruptionTarget condition, whatever the code (manifests).
-RETRYABLE_EXIT_CODES = (exitcodes.RETRY, 128 + 15)
+RETRYABLE_EXIT_CODES = (contract.RETRY, 128 + 15)
 
 # Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from). A
 # reservation has none on a node pool bound to it: `cloud.google.com/reservation-name` is set on
@@ -48,6 +45,10 @@ _CAPACITY_SELECTORS = {
 }
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 _PREPARED_HASH_CHARS = 8
+# 2: a downloaded dataset is recorded by its URL (1: by the preparation pod's scratch copy). A new
+# record gives the prepared data a new directory, prepared once beside the old one, rather than a
+# complete old one that trainer.prepare refuses as "prepared from another source".
+PREPARED_SOURCE_RECORD = 2
 
 
 def capacity_node_selector(tpu: TpuConfig) -> dict[str, str]:
@@ -129,8 +130,9 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
     """The run of `config` with `image`: a change to the training config, the image or the slice
     shape gives a new name, hence a new run with its own checkpoints; no change, the same run."""
     training = config.training
-    # Shards depend only on the corpus (the tokenizer is the model family's, see trainer.prepare).
-    prepared_key = _digest({"dataset": training.dataset})[:_PREPARED_HASH_CHARS]
+    # Shards depend only on the corpus (the tokenizer is the model family's, see trainer.prepare) and
+    # on how a prepared directory records its source (PREPARED_SOURCE_RECORD).
+    prepared_key = _digest({"dataset": training.dataset, "source_record": PREPARED_SOURCE_RECORD})[:_PREPARED_HASH_CHARS]
     name = run_object_name(training.run_name, _digest({"training": asdict(training), "image": image, "tpu": asdict(config.tpu)}))
     run_dir = f"runs/{name}"
     prepared_dir = f"prepared/{prepared_key}"

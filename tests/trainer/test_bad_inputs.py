@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.trainer.bad_inputs import CASES, OPEN_END, markdown_sections
-from trainer import exitcodes
+from trainer import contract
 from trainer.__main__ import main
 from trainer.metrics import METRICS_FILE
 from trainer.prepare import META_FILE
@@ -34,7 +34,7 @@ def provided(tmp_path_factory, corpus_path, tokenizer_path, prepared_dir) -> dic
     first = folder / "first"
     assert main(["--model", "tiny", "--weights", "random", "--tokenizer", str(tokenizer_path), "--data", str(prepared_dir),
                  "--workdir", str(first), "--steps", "1", "--seq-len", "32", "--batch-size", "4", "--eval-fraction", "0",
-                 "--no-samples"]) == exitcodes.OK
+                 "--no-samples"]) == contract.OK
     return {
         "a tokenizer of 400 pieces": train_tokenizer(corpus_path, folder / "other.model", vocab_size=400),
         "a tokenizer of 262,145 pieces": folder / "huge.model",
@@ -78,7 +78,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_valid_looking(case, tmp
                                                                        tokenizer_path, prepared_dir):
     folder = _case_folder(case, tmp_path, provided, tokenizer_path, prepared_dir)
     monkeypatch.chdir(folder)
-    assert main(case.argv()) == exitcodes.USER_ERROR
+    assert main(case.argv()) == contract.USER_ERROR
     captured = capsys.readouterr()
     _check_line(captured.err, case)
     assert captured.out == ""
@@ -92,7 +92,7 @@ def test_the_process_prints_no_traceback(name, tmp_path, provided, tokenizer_pat
     folder = _case_folder(case, tmp_path, provided, tokenizer_path, prepared_dir)
     done = subprocess.run([sys.executable, "-m", "trainer", *case.argv()], cwd=folder, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert (done.returncode, done.stdout) == (exitcodes.USER_ERROR, "")
+    assert (done.returncode, done.stdout) == (contract.USER_ERROR, "")
     assert "Traceback" not in done.stderr, done.stderr
     # TensorFlow's C++ logging (imported by gemma) may say a line or two first; ours is the last.
     _check_line(done.stderr.splitlines(keepends=True)[-1], case)

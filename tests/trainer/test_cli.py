@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from trainer import exitcodes
+from trainer import contract
 from trainer.__main__ import main
 from trainer.config import PRESET_VALUES, TrainConfig, build_parser, parse_config
 from trainer.tokenizer import train_tokenizer
 
 
 def _fails(capsys, argv, message):
-    assert main(argv) == exitcodes.USER_ERROR
+    assert main(argv) == contract.USER_ERROR
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert message in err, err
@@ -99,7 +99,7 @@ def test_weights_of_another_vocabulary_are_refused(capsys, tmp_path, corpus_path
     first = tmp_path / "first"
     assert main(["--model", "tiny", "--weights", "random", "--tokenizer", str(tokenizer_path), "--data", str(prepared_dir),
                  "--workdir", str(first), "--steps", "1", "--seq-len", "32", "--batch-size", "2", "--eval-fraction", "0",
-                 "--no-samples"]) == exitcodes.OK
+                 "--no-samples"]) == contract.OK
     capsys.readouterr()
     other_tokenizer = train_tokenizer(corpus_path, tmp_path / "other.model", vocab_size=400)
     _fails(capsys, ["--model", "tiny", "--weights", str(first / "export" / "params"), "--tokenizer", str(other_tokenizer),
@@ -119,7 +119,7 @@ def test_a_requested_platform_that_does_not_start_is_one_line_not_a_cpu_run(tmp_
     env = {**os.environ, "JAX_PLATFORMS": "tpu"}
     done = subprocess.run([sys.executable, "-m", "trainer", "--preset", "tiny", "--workdir", str(tmp_path / "run")],
                           capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == exitcodes.USER_ERROR, done.stderr
+    assert done.returncode == contract.USER_ERROR, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("trainer: error: environment variable JAX_PLATFORMS=tpu: "), done.stderr
     assert "TPU device files" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

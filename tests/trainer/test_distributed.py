@@ -23,7 +23,7 @@ import pytest
 from gemma import gm
 
 from tests.trainer.test_train import tiny_args
-from trainer import checkpoint, exitcodes, models
+from trainer import checkpoint, contract, models
 from trainer.metrics import read_metrics
 from trainer.tokenizer import load_tokenizer
 from workloads.__main__ import render_spec
@@ -86,7 +86,7 @@ class Job:
             self.processes.append(subprocess.Popen(command, cwd=REPO, env=environment, text=True,
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
 
-    def wait(self, expected_code: int = exitcodes.OK) -> Run:
+    def wait(self, expected_code: int = contract.OK) -> Run:
         try:
             stderr = [process.communicate(timeout=RUN_TIMEOUT_S)[1] for process in self.processes]
         finally:  # a process left hanging by a failed peer must not outlive the test
@@ -206,7 +206,7 @@ def test_sigterm_to_one_process_checkpoints_both_at_one_step_and_the_relaunch_fi
     while all(p.poll() is None for p in job.processes) and not (metrics.exists() and read_metrics(metrics)):
         time.sleep(0.1)
     job.processes[1].send_signal(signal.SIGTERM)  # process 1 only; process 0 learns it from the job
-    preempted = job.wait(exitcodes.RETRY)
+    preempted = job.wait(contract.RETRY)
     (step,) = _checkpointed_steps(job.workdir)
     assert 1 <= step < STEPS
     for text in preempted.stderr:

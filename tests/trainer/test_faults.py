@@ -24,7 +24,7 @@ import pytest
 from gemma import gm
 
 from tests.trainer.test_train import tiny_args
-from trainer import checkpoint, exitcodes
+from trainer import checkpoint, contract
 from trainer.__main__ import main
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -132,7 +132,7 @@ def reference(tmp_path_factory, inputs) -> pathlib.Path:
     """The uninterrupted run, checkpointing every CHECKPOINT_INTERVAL steps like the interrupted ones."""
     workdir = tmp_path_factory.mktemp("faults") / "reference"
     run = _Trainer(workdir, inputs, "reference")
-    assert run.finish() == exitcodes.OK, run.output()
+    assert run.finish() == contract.OK, run.output()
     assert [record["step"] for record in _training_records(workdir)] == list(range(1, STEPS + 1))
     return workdir
 
@@ -155,11 +155,11 @@ def test_sigterm_at_random_steps_loses_no_step_and_changes_nothing(reference, tm
         run = _Trainer(workdir, inputs, f"sigterm-{number}")
         run.wait_for_step(max(point, checkpointed[-1] + 1 if checkpointed else 1))
         run.process.send_signal(signal.SIGTERM)
-        assert run.finish() == exitcodes.RETRY, run.output()
+        assert run.finish() == contract.RETRY, run.output()
         assert _resumed_from(run) == (checkpointed[-1] if checkpointed else None)
         checkpointed.append(int(re.search(r"preempted: checkpointed step (\d+)", run.stderr()).group(1)))
     final = _Trainer(workdir, inputs, "sigterm-final")
-    assert final.finish() == exitcodes.OK, final.output()
+    assert final.finish() == contract.OK, final.output()
     assert _resumed_from(final) == checkpointed[-1]
 
     assert len(set(checkpointed)) == SIGTERM_POINTS, checkpointed
@@ -186,7 +186,7 @@ def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(refe
         # The newest due checkpoint may still have been in flight (saves are asynchronous).
         assert expected_resume in range(reached - reached % CHECKPOINT_INTERVAL - CHECKPOINT_INTERVAL, reached + 1)
     final = _Trainer(workdir, inputs, "sigkill-final")
-    assert final.finish() == exitcodes.OK, final.output()
+    assert final.finish() == contract.OK, final.output()
     assert _resumed_from(final) == expected_resume
 
     records = _training_records(workdir)
@@ -241,7 +241,7 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_falls_back_to_the_
     damage(workdir / "checkpoints" / str(latest))
     damaged = {path.name: _contents(path) for path in (workdir / "checkpoints").iterdir() if path.name.startswith(str(latest))}
 
-    assert main(_args(workdir, prepared_dir, tokenizer_path)) == exitcodes.OK
+    assert main(_args(workdir, prepared_dir, tokenizer_path)) == contract.OK
     captured = capsys.readouterr()
     assert f"resuming from the checkpoint of step {previous}" in captured.out
     if damage is not _leave_half_written:  # Orbax itself never lists a temporary directory
@@ -270,7 +270,7 @@ def test_every_checkpoint_damaged_is_one_line_no_fresh_start_and_nothing_moved(
         _lose_the_state(workdir / "checkpoints" / str(step))
     before = _contents(workdir / "checkpoints")
 
-    assert main(_args(workdir, prepared_dir, tokenizer_path)) == exitcodes.USER_ERROR
+    assert main(_args(workdir, prepared_dir, tokenizer_path)) == contract.USER_ERROR
     err = capsys.readouterr().err
     error_lines = [line for line in err.splitlines() if "error:" in line]
     assert len(error_lines) == 1 and "Traceback" not in err, err

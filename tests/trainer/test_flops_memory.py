@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from gemma import gm
 
-from trainer import exitcodes, flops, hardware, memory
+from trainer import contract, flops, hardware, memory
 
 V6E_HBM = hardware.hbm_bytes(hardware.DEVICE_KIND_OF_ACCELERATOR["v6e"])
 GEMMA3_1B = dataclasses.replace(gm.nn.Gemma3_1B.config, vision_encoder=None)
@@ -69,7 +69,7 @@ def test_fsdp_beyond_the_chips_is_rejected():
 
 
 def test_the_table_has_a_row_per_model_shape_and_mode(capsys):
-    assert memory.main(["--models", "gemma3-270m", "gemma3-1b", "--shapes", "v6e:1x1", "v6e:2x4"]) == exitcodes.OK
+    assert memory.main(["--models", "gemma3-270m", "gemma3-1b", "--shapes", "v6e:1x1", "v6e:2x4"]) == contract.OK
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gemma3")]
     assert len(rows) == 2 * 2 * 2
     assert "| gemma3-1b | full | v6e 2x4 | 16 |" in "\n".join(rows)
@@ -77,21 +77,21 @@ def test_the_table_has_a_row_per_model_shape_and_mode(capsys):
 
 
 def test_a_batch_that_does_not_divide_over_the_chips_is_one_line(capsys):
-    assert memory.main(["--models", "gemma3-270m", "--shapes", "v6e:2x4", "--batch-size", "12"]) == exitcodes.USER_ERROR
+    assert memory.main(["--models", "gemma3-270m", "--shapes", "v6e:2x4", "--batch-size", "12"]) == contract.USER_ERROR
     assert capsys.readouterr().err.strip() == "error: --batch-size 12 does not divide over 8 chips"
 
 
 def test_a_bad_shape_names_the_expected_form(capsys):
     with pytest.raises(SystemExit) as exit_info:
         memory.main(["--shapes", "v9:2x4"])
-    assert exit_info.value.code == exitcodes.USER_ERROR
+    assert exit_info.value.code == contract.USER_ERROR
     assert "ACCELERATOR:TOPOLOGY" in capsys.readouterr().err
 
 
 def test_the_readme_memory_table_is_what_the_cli_prints(capsys):
     import pathlib
 
-    assert memory.main([]) == exitcodes.OK
+    assert memory.main([]) == contract.OK
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
     assert "\n".join(printed) in readme, "paste the table of `python -m trainer.memory` into README.md"

@@ -5,7 +5,7 @@ import io
 import matplotlib.image
 import pytest
 
-from trainer import exitcodes
+from trainer import contract
 from trainer.errors import UserError
 from trainer.metrics import METRICS_FILE, MetricsReporter, read_metrics
 from trainer.plot import main, plot_loss, series
@@ -49,11 +49,11 @@ def test_no_loss_to_plot_is_a_user_error(tmp_path):
 
 
 def test_cli_writes_loss_png_beside_the_metrics(metrics_path, capsys):
-    assert main([str(metrics_path)]) == exitcodes.OK
+    assert main([str(metrics_path)]) == contract.OK
     assert (metrics_path.parent / "loss.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
-    assert main([str(tmp_path / "nope.jsonl")]) == exitcodes.USER_ERROR
+    assert main([str(tmp_path / "nope.jsonl")]) == contract.USER_ERROR
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "nope.jsonl does not exist" in error

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from trainer import exitcodes, prepare as prepare_lib
+from trainer import contract, prepare as prepare_lib
 from trainer.corpus import SEPARATOR
 from trainer.data import open_data
 from trainer.errors import UserError
@@ -140,11 +140,11 @@ def test_cli_prints_one_line_and_exits_user_error_on_bad_input(tmp_path, corpus_
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe binary")
     assert main(["--input", str(bad), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "o")]) == \
-        exitcodes.USER_ERROR
+        contract.USER_ERROR
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "bad.txt" in error and "Traceback" not in error
     assert main(["--input", str(corpus_path), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "o"),
-                 "--workers", "2"]) == exitcodes.OK
+                 "--workers", "2"]) == contract.OK
     assert "documents" in capsys.readouterr().out
 
 
@@ -204,13 +204,13 @@ def test_a_url_is_downloaded_prepared_like_the_file_and_not_downloaded_again(
 ):
     url, output, downloads = server.url("/corpus.txt"), tmp_path / "out", tmp_path / "downloads"
     argv = ["--input", url, "--tokenizer", str(tokenizer_path), "--output", str(output), "--download-dir", str(downloads)]
-    assert main(argv) == exitcodes.OK
+    assert main(argv) == contract.OK
     assert all(np.array_equal(a, b) for a, b in zip(_records(output), _records(prepared_dir), strict=True))
     source = prepare_lib.read_meta(output)["source"]
     assert source == {"url": url, "separator": SEPARATOR, "bytes": corpus_path.stat().st_size}
     assert list(downloads.iterdir()) == []  # the download was for this run only
     capsys.readouterr()
-    assert main(argv) == exitcodes.OK
+    assert main(argv) == contract.OK
     assert f"{output} is already prepared" in capsys.readouterr().err
     assert server.requests == {"/corpus.txt": 1}  # complete: not downloaded again
 
@@ -236,7 +236,7 @@ def test_a_complete_output_from_another_source_is_refused_before_any_download(tm
 def test_a_bad_url_is_one_line_naming_it(tmp_path, server, tokenizer_path, capsys, path, message):
     downloads = tmp_path / "downloads"
     assert main(["--input", server.url(path), "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "out"),
-                 "--download-dir", str(downloads)]) == exitcodes.USER_ERROR
+                 "--download-dir", str(downloads)]) == contract.USER_ERROR
     (error,) = _error_lines(capsys.readouterr().err)
     assert server.url(path) in error and message in error, error
     assert not (tmp_path / "out").exists() and list(downloads.iterdir()) == []
@@ -247,7 +247,7 @@ def test_an_unreachable_host_is_one_line_naming_the_url(tmp_path, tokenizer_path
         free.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{free.getsockname()[1]}/corpus.txt"  # nothing listens there once closed
     assert main(["--input", url, "--tokenizer", str(tokenizer_path), "--output", str(tmp_path / "out")]) == \
-        exitcodes.USER_ERROR
+        contract.USER_ERROR
     (error,) = _error_lines(capsys.readouterr().err)
     assert url in error and "cannot reach the host" in error, error
 
@@ -267,12 +267,12 @@ def test_tokenizer_official_is_the_trainers_gemma3_tokenizer(tmp_path, corpus_pa
     assert models.OFFICIAL_TOKENIZER.endswith(".model")
     monkeypatch.setattr(models, "OFFICIAL_TOKENIZER", str(tokenizer_path))  # the real one is read from gs://
     assert main(["--input", str(corpus_path), "--tokenizer", prepare_lib.OFFICIAL, "--output", str(tmp_path / "o")]) == \
-        exitcodes.OK
+        contract.OK
     assert prepare_lib.read_meta(tmp_path / "o")["tokenizer"]["path"] == str(tokenizer_path)
 
 
 def test_a_gs_input_is_refused_with_the_way_to_read_it(tmp_path, tokenizer_path, capsys):
     assert main(["--input", "gs://corpora/stories.txt", "--tokenizer", str(tokenizer_path),
-                 "--output", str(tmp_path / "o")]) == exitcodes.USER_ERROR
+                 "--output", str(tmp_path / "o")]) == contract.USER_ERROR
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--input gs://corpora/stories.txt" in error and "GCS FUSE" in error

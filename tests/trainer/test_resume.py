@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from gemma import gm
 
-from trainer import exitcodes, loop
+from trainer import contract, loop
 from trainer.config import parse_config
 from trainer.metrics import read_metrics
 from tests.trainer.test_train import tiny_args
@@ -62,13 +62,13 @@ def test_sigterm_checkpoints_exits_with_retry_and_the_restart_resumes(tmp_path, 
         time.sleep(0.2)
     os.kill(process.pid, signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == exitcodes.RETRY, stderr[-2000:]
+    assert process.returncode == contract.RETRY, stderr[-2000:]
     saved = [int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1 and saved[0] >= 2
     assert f"preempted: checkpointed step {saved[0]}" in stderr
 
     restart = _trainer(tmp_path, prepared_dir, tokenizer_path, saved[0] + 2)
     _, stderr = restart.communicate(timeout=300)
-    assert restart.returncode == exitcodes.OK, stderr[-2000:]
+    assert restart.returncode == contract.OK, stderr[-2000:]
     steps = [r["step"] for r in read_metrics(metrics)]
     assert steps[-2:] == [saved[0] + 1, saved[0] + 2]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gemma import gm
 
-from trainer import data, exitcodes, loop, models
+from trainer import data, contract, loop, models
 from trainer.config import parse_config
 from trainer.corpus import write_corpus
 from trainer.metrics import read_metrics
@@ -86,7 +86,7 @@ def test_diverging_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(t
 
     args = tiny_args(tmp_path, prepared_dir, tokenizer_path, "--steps", "6", "--lr", "1e9", "--warmup-steps", "0",
                      "--lr-schedule", "constant", "--eval-fraction", "0", "--log-interval", "1", "--checkpoint-interval", "1")
-    assert main(args) == exitcodes.USER_ERROR
+    assert main(args) == contract.USER_ERROR
     err = capsys.readouterr().err.strip()
     assert "training diverged" in err and "lower --lr" in err and "\n" not in err, err
     kept = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]

@@ -18,7 +18,7 @@ import dataclasses
 import re
 from typing import Any
 
-from trainer import exitcodes
+from trainer import contract
 from workloads import manifests
 
 NOT_COUNTED = "restarts from its last checkpoint, not counted"
@@ -40,22 +40,22 @@ class PodFailure:
 
 
 EVENTS = (
-    PodFailure("preemption by a higher-priority pod", {"trainer": exitcodes.RETRY}, True,
+    PodFailure("preemption by a higher-priority pod", {"trainer": contract.RETRY}, True,
                "DisruptionTarget (PreemptionByScheduler); the trainer checkpointed on SIGTERM, exit 75", NOT_COUNTED),
     PodFailure("Spot VM reclaimed", {"trainer": 128 + 9}, True,
                "DisruptionTarget (TerminationByKubelet, graceful node shutdown); killed after 30 s, exit 137", NOT_COUNTED),
-    PodFailure("node maintenance, upgrade or drain", {"trainer": exitcodes.RETRY}, True,
+    PodFailure("node maintenance, upgrade or drain", {"trainer": contract.RETRY}, True,
                "DisruptionTarget (EvictionByEvictionAPI); checkpointed on SIGTERM, exit 75", NOT_COUNTED),
     PodFailure("node deleted under the pod", {}, True, "DisruptionTarget (DeletionByPodGC); no exit code", NOT_COUNTED),
     PodFailure("node under memory or disk pressure", {"trainer": 128 + 9}, True,
                "DisruptionTarget (TerminationByKubelet, node-pressure eviction): see below", NOT_COUNTED),
     PodFailure("out of memory: the kernel's OOM killer", {"trainer": 128 + 9}, False, "OOMKilled, exit 137", FAILS),
-    PodFailure("a bad flag, config, data file or tokenizer", {"trainer": exitcodes.USER_ERROR}, False,
+    PodFailure("a bad flag, config, data file or tokenizer", {"trainer": contract.USER_ERROR}, False,
                "exit 2, one line in the log", FAILS),
     PodFailure("a crash (an exception, a segfault)", {"trainer": 1}, False, "exit 1 (139 for a segfault)", FAILS),
-    PodFailure("prepared data never appeared", {manifests.WAIT_CONTAINER: exitcodes.USER_ERROR}, False,
+    PodFailure("prepared data never appeared", {manifests.WAIT_CONTAINER: contract.USER_ERROR}, False,
                "init container wait-for-data: exit 2", FAILS),
-    PodFailure("the trainer asks to be restarted", {"trainer": exitcodes.RETRY}, False,
+    PodFailure("the trainer asks to be restarted", {"trainer": contract.RETRY}, False,
                "exit 75 without a disruption (e.g. kubectl delete pod)", COUNTED),
     PodFailure("SIGTERM before the trainer set its handler", {"trainer": 128 + 15}, False, "exit 143", COUNTED),
 )  # fmt: skip

@@ -14,7 +14,8 @@ from infra.jobset import JOBSET_MANIFESTS
 from tests.workloads.conftest import IMAGE, spec_of, stack_config
 from workloads import manifests
 from workloads.deploy import TrainingRun
-from workloads.spec import PREPARE_DEADLINE_SECONDS, TRAINER_UID
+from trainer.contract import TRAINER_UID
+from workloads.spec import PREPARE_DEADLINE_SECONDS
 
 JOB = "kubernetes:batch/v1:Job"
 JOBSET = "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"

@@ -6,10 +6,11 @@ import pytest
 from infra import tpu
 from tests.workloads import failure_events
 from tests.workloads.conftest import REPO, IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
-from trainer import exitcodes, prepare
+from trainer import contract, prepare
 from trainer.config import parse_config
 from workloads import manifests
-from workloads.spec import ARTIFACTS_MOUNT, PREPARED_MARKER_FILE
+from trainer.contract import PREPARED_MARKER_FILE
+from workloads.spec import ARTIFACTS_MOUNT
 
 EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 
@@ -146,7 +147,7 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
 def test_preparation_fails_at_once_on_bad_input():
     prep = manifests.preparation_job(spec_of(stack_config("dev")))
     (rule,) = prep["spec"]["podFailurePolicy"]["rules"]
-    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [exitcodes.USER_ERROR]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [contract.USER_ERROR]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tests.workloads.conftest import REPO, STACKS
-from trainer.exitcodes import USER_ERROR
+from trainer.contract import USER_ERROR
 from workloads.__main__ import IMAGE_PLACEHOLDER, main
 
 

@@ -42,7 +42,7 @@ def export_outputs(platform: Platform, run: TrainingRun) -> None:
         "getCredentials",
         pulumi.Output.concat(
             "gcloud container clusters get-credentials ", cluster.name,
-            " --location ", cluster.location, " --project ", config.project,
+            " --location ", cluster.location, " --project ", config.project, " --dns-endpoint",
         ),
     )
     pulumi.export("dataBucketUrl", platform.buckets.data.url)

@@ -1,6 +1,14 @@
 """The GKE cluster (Standard or Autopilot), its node service account, the CPU pool and the
-Kubernetes provider that every Kubernetes object of the stack goes through."""
+Kubernetes provider that every Kubernetes object of the stack goes through.
 
+Hardened defaults: private nodes on the stack's network (infra.network), a control plane whose IP
+endpoint admits only `gemma-tpu:cluster.authorizedNetworks` and whose DNS endpoint admits only
+callers with IAM permission on the cluster (how `pulumi up` and kubectl reach it from anywhere),
+the REGULAR release channel with a weekly maintenance window, Dataplane V2 and shielded nodes
+(always on in Autopilot), and GKE deletion protection with `gemma-tpu:protect`.
+"""
+
+import datetime
 import json
 from collections.abc import Sequence
 
@@ -11,6 +19,7 @@ import pulumi_kubernetes as k8s
 from infra.component import Component, service_account_member
 from infra.config import StackConfig
 from infra.names import CPU_POOL_NAME
+from infra.network import StackNetwork
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 RELEASE_CHANNEL = "REGULAR"
@@ -22,6 +31,9 @@ NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
 # The CPU pool (infra.names.CPU_POOL_NAME): controllers (JobSet) and data preparation, never on TPU hosts.
 CPU_MACHINE_TYPE = "e2-standard-4"
 CPU_POOL_NODES = (1, 3)  # autoscaling min, max
+# The first occurrence the weekly maintenance window recurs from: any past Monday.
+_MAINTENANCE_ANCHOR = "2025-01-06"
+_RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def gke_metadata() -> gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs:
@@ -34,8 +46,9 @@ class GkeCluster(Component):
     """The cluster and what makes it usable: `cluster`, `node_service_account`, `cpu_pool`
     (None on Autopilot), `provider` (Kubernetes) and `ready` (what Kubernetes objects wait for)."""
 
-    def __init__(self, name: str, config: StackConfig, *, after: Sequence[pulumi.Resource] = (), opts=None):
+    def __init__(self, name: str, config: StackConfig, network: StackNetwork, *, after: Sequence[pulumi.Resource] = (), opts=None):
         super().__init__("GkeCluster", name, after=after, opts=opts)
+        self._network = network
         self.node_service_account = gcp.serviceaccount.Account(
             "gke-nodes",
             gcp.serviceaccount.AccountArgs(
@@ -63,9 +76,7 @@ class GkeCluster(Component):
         self.provider = k8s.Provider(
             "gke",
             k8s.ProviderArgs(
-                kubeconfig=pulumi.Output.all(
-                    self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate
-                ).apply(lambda args: kubeconfig(*args)),
+                kubeconfig=pulumi.Output.all(self.cluster.name, self.dns_endpoint).apply(lambda args: kubeconfig(*args)),
                 # Only a new cluster replaces the provider (and so every Kubernetes object); a
                 # refreshed kubeconfig is an update (pulumi-kubernetes#4019).
                 cluster_identifier=self.cluster.id,
@@ -76,15 +87,51 @@ class GkeCluster(Component):
             ),
             opts=self.child(),
         )
-        self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.cluster.endpoint})
+        self.register_outputs({"clusterName": self.cluster.name, "dnsEndpoint": self.dns_endpoint})
+
+    @property
+    def dns_endpoint(self) -> pulumi.Output[str]:
+        """The control plane's DNS name: reachable from anywhere, admitting IAM-authorized callers only."""
+        return self.cluster.control_plane_endpoints_config.apply(lambda endpoints: endpoints.dns_endpoint_config.endpoint)
+
+    def _common(self, config: StackConfig) -> dict:
+        """Cluster arguments both modes share: network, private nodes, control-plane access, maintenance."""
+        access = config.access
+        start = datetime.datetime.fromisoformat(f"{_MAINTENANCE_ANCHOR}T{access.maintenance_start_utc}:00+00:00")
+        end = start + datetime.timedelta(hours=access.maintenance_hours)
+        return dict(
+            name=config.cluster_name,
+            location=config.cluster_location,
+            network=self._network.network,
+            subnetwork=self._network.subnetwork,
+            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
+                cluster_secondary_range_name=config.network.pod_range_name,
+                services_secondary_range_name=config.network.service_range_name,
+            ),
+            private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(enable_private_nodes=True),
+            master_authorized_networks_config=gcp.container.ClusterMasterAuthorizedNetworksConfigArgs(
+                cidr_blocks=[gcp.container.ClusterMasterAuthorizedNetworksConfigCidrBlockArgs(cidr_block=cidr, display_name=cidr)
+                             for cidr in access.authorized_networks],
+                gcp_public_cidrs_access_enabled=False,
+            ),
+            control_plane_endpoints_config=gcp.container.ClusterControlPlaneEndpointsConfigArgs(
+                dns_endpoint_config=gcp.container.ClusterControlPlaneEndpointsConfigDnsEndpointConfigArgs(allow_external_traffic=True),
+            ),
+            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
+            maintenance_policy=gcp.container.ClusterMaintenancePolicyArgs(
+                recurring_window=gcp.container.ClusterMaintenancePolicyRecurringWindowArgs(
+                    start_time=start.strftime(_RFC3339), end_time=end.strftime(_RFC3339),
+                    recurrence="FREQ=WEEKLY;BYDAY=" + ",".join(access.maintenance_days),
+                ),
+            ),
+            deletion_protection=config.protect,
+        )
 
     def _standard(self, config: StackConfig) -> gcp.container.Cluster:
         return gcp.container.Cluster(
             config.cluster_name,
             gcp.container.ClusterArgs(
-                name=config.cluster_name,
-                location=config.cluster_location,
-                release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
+                **self._common(config),
                 # The default pool is replaced by the CPU and TPU pools; even while it exists it
                 # runs as the node account, never the project-Editor default Compute Engine one.
                 remove_default_node_pool=True,
@@ -104,31 +151,30 @@ class GkeCluster(Component):
                         enabled=True
                     ),
                 ),
-                deletion_protection=config.protect,
+                datapath_provider="ADVANCED_DATAPATH",  # Dataplane V2: eBPF networking, network policy enforced
+                enable_shielded_nodes=True,
             ),
             # After the default pool is gone GKE reports another node config; without this a
             # later `pulumi up` would see a diff there and replace the cluster.
-            opts=self.child(*self.node_roles, protect=config.protect, ignore_changes=["nodeConfig", "initialNodeCount"]),
+            opts=self.child(*self.node_roles, *self._network.ready, protect=config.protect,
+                            ignore_changes=["nodeConfig", "initialNodeCount"]),  # fmt: skip
         )
 
     def _autopilot(self, config: StackConfig) -> gcp.container.Cluster:
-        # Workload Identity and the GCS FUSE CSI driver are always on in Autopilot.
+        # Workload Identity, the GCS FUSE CSI driver, Dataplane V2 and shielded nodes are always on in Autopilot.
         return gcp.container.Cluster(
             config.cluster_name,
             gcp.container.ClusterArgs(
-                name=config.cluster_name,
-                location=config.cluster_location,
+                **self._common(config),
                 enable_autopilot=True,
-                release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
                 cluster_autoscaling=gcp.container.ClusterClusterAutoscalingArgs(
                     auto_provisioning_defaults=gcp.container.ClusterClusterAutoscalingAutoProvisioningDefaultsArgs(
                         service_account=self.node_service_account.email,
                         oauth_scopes=[CLOUD_PLATFORM_SCOPE],
                     ),
                 ),
-                deletion_protection=config.protect,
             ),
-            opts=self.child(*self.node_roles, protect=config.protect),
+            opts=self.child(*self.node_roles, *self._network.ready, protect=config.protect),
         )
 
     def _cpu_pool(self, config: StackConfig) -> gcp.container.NodePool:
@@ -147,20 +193,24 @@ class GkeCluster(Component):
                     service_account=self.node_service_account.email,
                     oauth_scopes=[CLOUD_PLATFORM_SCOPE],
                     workload_metadata_config=gke_metadata(),
+                    shielded_instance_config=gcp.container.NodePoolNodeConfigShieldedInstanceConfigArgs(
+                        enable_secure_boot=True, enable_integrity_monitoring=True
+                    ),
                 ),
             ),
             opts=self.child(),
         )
 
 
-def kubeconfig(cluster_name: str, endpoint: str, ca_certificate: str) -> str:
-    """A kubeconfig that authenticates with `gke-gcloud-auth-plugin` (the user's gcloud login)."""
+def kubeconfig(cluster_name: str, dns_endpoint: str) -> str:
+    """A kubeconfig for the cluster's DNS endpoint (its certificate is publicly trusted, so no CA
+    data) that authenticates with `gke-gcloud-auth-plugin` (the user's gcloud login)."""
     return json.dumps(
         {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": cluster_name, "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca_certificate}}
+                {"name": cluster_name, "cluster": {"server": f"https://{dns_endpoint}"}}
             ],
             "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
             "current-context": cluster_name,

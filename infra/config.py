@@ -7,6 +7,7 @@ the stack file and the allowed values.
 """
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,6 +57,34 @@ class TpuConfig:
     slices: int
     capacity: str
     reservation: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
+    """The VPC the cluster's nodes live in: the stack's own (`name` None: created with its subnet,
+    Cloud Router and NAT) or an existing one, such as a shared VPC, named in config."""
+
+    name: str | None
+    subnetwork: str | None
+    node_cidr: str  # the stack's own subnet: node addresses
+    pod_cidr: str  # its secondary range for pods
+    service_cidr: str  # and for services
+    pod_range_name: str  # the subnet's secondary range names (an existing subnet's, as named there)
+    service_range_name: str
+
+    @property
+    def owned(self) -> bool:
+        return self.name is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterAccess:
+    """Who reaches the control plane, and when GKE may upgrade the cluster."""
+
+    authorized_networks: tuple[str, ...]  # CIDRs allowed to the IP endpoint; the DNS endpoint is IAM-gated
+    maintenance_days: tuple[str, ...]  # weekly recurring maintenance window, in UTC
+    maintenance_start_utc: str  # HH:MM
+    maintenance_hours: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +162,8 @@ class StackConfig:
     region: str
     zone: str
     cluster_mode: str  # "standard" | "autopilot"
+    network: NetworkConfig
+    access: ClusterAccess
     tpu: TpuConfig
     slice: SliceSpec  # derived from tpu.accelerator + tpu.topology
     data_bucket: str
@@ -238,6 +269,12 @@ class _Section:
             raise ConfigError(f"{self.key(name)} is {value}; it must be above {above} and at most {maximum}")
         return float(value)
 
+    def text_list(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self._get(name, default)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{self.key(name)} must be a list of strings, got {value!r}")
+        return tuple(value)
+
     def flag(self, name: str, default: bool) -> bool:
         value = self._get(name, default)
         # The engine passes top-level values as text, and `pulumi config set KEY true` stores "true".
@@ -289,6 +326,9 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     training_section = top.section(f"{PROJECT}:training")
 
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
+    access = _parse_access(cluster)
+    network_section = top.section(f"{PROJECT}:network")
+    network = _parse_network(network_section)
     tpu_config = TpuConfig(
         accelerator=tpu_section.text("accelerator", "v6e", tpu.ACCELERATORS),
         topology=tpu_section.text("topology", "1x1"),
@@ -302,7 +342,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     keep_artifacts = storage.flag("keepArtifacts", True)
     data_cache_gib = storage.integer("dataCacheGiB", DATA_CACHE_GIB_DEFAULT, minimum=1, maximum=DATA_CACHE_GIB_MAX)
     training = _parse_training(training_section)
-    for section in (top, cluster, tpu_section, storage, training_section):
+    for section in (top, cluster, tpu_section, storage, training_section, network_section):
         section.reject_unknown()
 
     # Values are well-typed and every key is known: now the checks that span keys.
@@ -340,6 +380,8 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         region=region,
         zone=zone,
         cluster_mode=cluster_mode,
+        network=network,
+        access=access,
         tpu=tpu_config,
         slice=slice_spec,
         data_bucket=data_bucket,
@@ -399,6 +441,89 @@ def trainer_flags(training: TrainingConfig) -> list[str]:
             continue
         flags += [option.flag, repr(value) if option.kind == "number" else str(value)]
     return flags
+
+
+# The stack's own subnet: nodes, and its secondary ranges for pods (a /14: GKE gives each node a /24)
+# and services. Private (RFC 1918) and disjoint; override them to fit a peered network.
+DEFAULT_NODE_CIDR = "10.0.0.0/20"
+DEFAULT_POD_CIDR = "10.4.0.0/14"
+DEFAULT_SERVICE_CIDR = "10.8.0.0/20"
+_DAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+# GKE needs a maintenance window with at least 48 hours of availability in any 32 days (every
+# weekday occurs at least 4 times in 32 days) and each occurrence at least 4 hours long.
+_MAINTENANCE_HOURS_IN_32_DAYS = 48
+_MAINTENANCE_HOURS_MIN = 4
+
+
+def _parse_network(section: _Section) -> NetworkConfig:
+    name = section.text("name", "") or None
+    subnetwork = section.text("subnetwork", "") or None
+    cidrs = {key: section.text(key, default) for key, default in
+             (("nodeCidr", DEFAULT_NODE_CIDR), ("podCidr", DEFAULT_POD_CIDR), ("serviceCidr", DEFAULT_SERVICE_CIDR))}  # fmt: skip
+    pod_range = section.text("podRangeName", "")
+    service_range = section.text("serviceRangeName", "")
+    if (name is None) != (subnetwork is None):
+        raise ConfigError(
+            f"{section.key('name')} and {section.key('subnetwork')} go together: name an existing network and its "
+            "subnetwork, or leave both empty for the stack's own network"
+        )
+    if name is None:
+        if pod_range or service_range:
+            raise ConfigError(f"{section.key('podRangeName')} and {section.key('serviceRangeName')} name an existing "
+                              f"subnetwork's ranges; set {section.key('name')} and {section.key('subnetwork')} too, or remove them")
+        _check_cidrs(section, cidrs)
+        return NetworkConfig(name=None, subnetwork=None, node_cidr=cidrs["nodeCidr"], pod_cidr=cidrs["podCidr"],
+                             service_cidr=cidrs["serviceCidr"], pod_range_name="pods", service_range_name="services")  # fmt: skip
+    if name == "default":
+        raise ConfigError(f"{section.key('name')} is 'default', the project's auto-mode network with open firewall "
+                          "rules; leave it empty for the stack's own network or name a network made for the cluster")
+    if not (pod_range and service_range):
+        raise ConfigError(f"{section.key('podRangeName')} and {section.key('serviceRangeName')} are required with an "
+                          f"existing network: the secondary ranges of {subnetwork} for pods and services")
+    return NetworkConfig(name=name, subnetwork=subnetwork, node_cidr="", pod_cidr="", service_cidr="",
+                         pod_range_name=pod_range, service_range_name=service_range)  # fmt: skip
+
+
+def _check_cidrs(section: _Section, cidrs: dict[str, str]) -> None:
+    networks = {}
+    for key, text in cidrs.items():
+        try:
+            network = ipaddress.ip_network(text)
+        except ValueError:
+            raise ConfigError(f"{section.key(key)} is {text!r}, not an IPv4 range such as 10.0.0.0/20") from None
+        if network.version != 4 or not network.is_private:
+            raise ConfigError(f"{section.key(key)} is {text!r}; use a private IPv4 range (10/8, 172.16/12, 192.168/16)")
+        networks[key] = network
+    for (key_a, a), (key_b, b) in ((x, y) for i, x in enumerate(networks.items()) for y in list(networks.items())[i + 1:]):
+        if a.overlaps(b):
+            raise ConfigError(f"{section.key(key_a)} {a} overlaps {section.key(key_b)} {b}; give them disjoint ranges")
+
+
+def _parse_access(section: _Section) -> ClusterAccess:
+    authorized = section.text_list("authorizedNetworks", ())
+    for cidr in authorized:
+        try:
+            network = ipaddress.ip_network(cidr)
+        except ValueError:
+            raise ConfigError(f"{section.key('authorizedNetworks')} holds {cidr!r}, not a CIDR range such as 203.0.113.0/24") from None
+        if network.prefixlen == 0:
+            raise ConfigError(f"{section.key('authorizedNetworks')} holds {cidr}, which opens the control plane to the "
+                              "internet; list your own ranges (kubectl and pulumi also reach it through its DNS endpoint)")
+    days = section.text_list("maintenanceDays", ("SA", "SU"))
+    start = section.text("maintenanceStartUtc", "02:00")
+    hours = section.integer("maintenanceHours", 6, minimum=_MAINTENANCE_HOURS_MIN, maximum=24)
+    unknown = [day for day in days if day not in _DAYS]
+    if unknown or not days or len(set(days)) != len(days):
+        raise ConfigError(f"{section.key('maintenanceDays')} is {list(days)}; give distinct days among {', '.join(_DAYS)}")
+    if not re.fullmatch(r"([01][0-9]|2[0-3]):[0-5][0-9]", start):
+        raise ConfigError(f"{section.key('maintenanceStartUtc')} is {start!r}; give a time of day in UTC such as 02:00")
+    if 4 * len(days) * hours < _MAINTENANCE_HOURS_IN_32_DAYS:
+        raise ConfigError(
+            f"{section.key('maintenanceDays')} x {section.key('maintenanceHours')} gives {4 * len(days) * hours} hours in "
+            f"32 days; GKE needs at least {_MAINTENANCE_HOURS_IN_32_DAYS}: add days or hours"
+        )
+    return ClusterAccess(authorized_networks=authorized, maintenance_days=days, maintenance_start_utc=start,
+                         maintenance_hours=hours)  # fmt: skip
 
 
 def _check_tpu(section: _Section, config: TpuConfig, slice_spec: SliceSpec, cluster_mode: str) -> None:

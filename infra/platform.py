@@ -13,6 +13,7 @@ from infra.cluster import GkeCluster
 from infra.config import StackConfig
 from infra.identity import TrainingIdentity
 from infra.jobset import JobSetController
+from infra.network import StackNetwork
 from infra.registry import Registry
 from infra.storage import Buckets
 from infra.tpu_pools import TpuPools
@@ -25,6 +26,7 @@ class Platform:
     config: StackConfig
     gcp_provider: gcp.Provider
     apis: ProjectApis
+    network: StackNetwork
     cluster: GkeCluster
     tpu_pools: TpuPools
     buckets: Buckets
@@ -74,12 +76,14 @@ def build(config: StackConfig) -> Platform:
     on_gcp = pulumi.ResourceOptions(providers=[gcp_provider])
     apis = ProjectApis("apis", config, opts=on_gcp)
     after_apis = apis.services
-    cluster = GkeCluster("cluster", config, after=after_apis, opts=on_gcp)
+    network = StackNetwork("network", config, after=after_apis, opts=on_gcp)
+    cluster = GkeCluster("cluster", config, network, after=after_apis, opts=on_gcp)
     buckets = Buckets("storage", config, after=after_apis, opts=on_gcp)
     return Platform(
         config=config,
         gcp_provider=gcp_provider,
         apis=apis,
+        network=network,
         cluster=cluster,
         tpu_pools=TpuPools("tpu", config, cluster, after=after_apis, opts=on_gcp),
         buckets=buckets,

@@ -28,8 +28,7 @@ from infra.errors import ConfigError
 from infra.stack_files import PLACEHOLDER_PROJECT, PROJECT_ROOT, offline_values
 
 PROGRAM = PROJECT_ROOT / "__main__.py"
-PLACEHOLDER_ENDPOINT = "203.0.113.10"  # TEST-NET-3, never a real cluster
-PLACEHOLDER_CA = "PLACEHOLDER-CLUSTER-CA"
+PLACEHOLDER_DNS_ENDPOINT = "gke-0123456789abcdef-000000000000.us-east5.gke.goog"  # a cluster's DNS endpoint form
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # of an image build, known only after the push
 COMPUTED = "<computed>"  # a value only the provider knows after creating the resource
 USER_ERROR = 2
@@ -65,7 +64,9 @@ class _CloudPlaceholders(pulumi.runtime.Mocks):
             email = f"{args.inputs['accountId']}@{self.project}.iam.gserviceaccount.com"
             state.update(email=email, name=f"projects/{self.project}/serviceAccounts/{email}")
         elif args.typ == "gcp:container/cluster:Cluster":
-            state.update(endpoint=PLACEHOLDER_ENDPOINT, masterAuth={"clusterCaCertificate": PLACEHOLDER_CA})
+            endpoints = dict(args.inputs.get("controlPlaneEndpointsConfig") or {})
+            endpoints["dnsEndpointConfig"] = {**endpoints.get("dnsEndpointConfig", {}), "endpoint": PLACEHOLDER_DNS_ENDPOINT}
+            state.update(controlPlaneEndpointsConfig=endpoints)
         elif args.typ == "gcp:storage/bucket:Bucket":
             state.update(url=f"gs://{args.inputs['name']}")
         elif args.typ == "docker-build:index:Image":

@@ -55,7 +55,8 @@ def _entry(key: str, value: Any) -> str:
 
 KEYS = (
     "gcp:project, gcp:region, gcp:zone, gemma-tpu:cluster, gemma-tpu:tpu, gemma-tpu:storage, gemma-tpu:image, "
-    "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:trainerRunsAsRoot, gemma-tpu:training"
+    "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:trainerRunsAsRoot, gemma-tpu:training, "
+    "gemma-tpu:network"
 )
 MULTISLICE = {"topology": "2x4", "slices": 2}
 
@@ -163,6 +164,27 @@ CASES = (
              error="gemma-tpu:namespace 'Training' must be at most 63 characters of a-z, 0-9 and '-', starting with a letter"),
     BadStack(case="ServiceAccount not a Kubernetes name", config={"gemma-tpu:serviceAccount": "trainer_sa"},
              error="gemma-tpu:serviceAccount 'trainer_sa' must be at most 58 characters of a-z, 0-9 and '-', starting with a letter"),
+    BadStack(case="existing network without its subnetwork", config={"gemma-tpu:network": {"name": "shared-vpc"}},
+             error="gemma-tpu:network.name and gemma-tpu:network.subnetwork go together: name an existing network and its "
+             "subnetwork, or leave both empty for the stack's own network"),
+    BadStack(case="the project's default network", config={"gemma-tpu:network": {"name": "default", "subnetwork": "default"}},
+             error="gemma-tpu:network.name is 'default', the project's auto-mode network with open firewall rules; leave it "
+             "empty for the stack's own network or name a network made for the cluster"),
+    BadStack(case="existing network without its secondary ranges",
+             config={"gemma-tpu:network": {"name": "shared-vpc", "subnetwork": "gke-east5"}},
+             error="gemma-tpu:network.podRangeName and gemma-tpu:network.serviceRangeName are required with an existing "
+             "network: the secondary ranges of gke-east5 for pods and services"),
+    BadStack(case="overlapping ranges", config={"gemma-tpu:network": {"podCidr": "10.0.0.0/14"}},
+             error="gemma-tpu:network.nodeCidr 10.0.0.0/20 overlaps gemma-tpu:network.podCidr 10.0.0.0/14; give them "
+             "disjoint ranges"),
+    BadStack(case="public node range", config={"gemma-tpu:network": {"nodeCidr": "8.8.0.0/20"}},
+             error="gemma-tpu:network.nodeCidr is '8.8.0.0/20'; use a private IPv4 range (10/8, 172.16/12, 192.168/16)"),
+    BadStack(case="control plane open to the internet", config={"gemma-tpu:cluster": {"authorizedNetworks": ["0.0.0.0/0"]}},
+             error="gemma-tpu:cluster.authorizedNetworks holds 0.0.0.0/0, which opens the control plane to the internet; "
+             "list your own ranges (kubectl and pulumi also reach it through its DNS endpoint)"),
+    BadStack(case="maintenance window too short", config={"gemma-tpu:cluster": {"maintenanceDays": ["SU"], "maintenanceHours": 4}},
+             error="gemma-tpu:cluster.maintenanceDays x gemma-tpu:cluster.maintenanceHours gives 16 hours in 32 days; GKE "
+             "needs at least 48: add days or hours"),
     BadStack(case="unknown model", config={"gemma-tpu:training": {"model": "gemma2-2b"}},
              error="gemma-tpu:training.model is 'gemma2-2b'; choose one of gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b"),
     BadStack(case="the trainer's demo model", config={"gemma-tpu:training": {"model": "tiny"}},

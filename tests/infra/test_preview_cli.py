@@ -22,7 +22,7 @@ def test_text_shows_resources_and_stack_outputs(capsys):
     assert main(["--stack", "dev"]) == 0
     captured = capsys.readouterr()
     assert "gcp:container/nodePool:NodePool  tpu-slice-0  in tpu  provider gcp" in captured.out
-    assert '"getCredentials": "gcloud container clusters get-credentials gemma-dev --location us-east5-b --project my-project"' in captured.out
+    assert '"getCredentials": "gcloud container clusters get-credentials gemma-dev --location us-east5-b --project my-project --dns-endpoint"' in captured.out
     assert "gcp:project is not set for stack dev; previewing with 'my-project'" in captured.err
 
 

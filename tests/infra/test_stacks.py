@@ -8,7 +8,7 @@ import pytest
 from infra.stack_files import shipped_stacks
 from infra.jobset import JOBSET_VERSION
 from infra.pricing import PRICE_PER_CHIP_HOUR_USD
-from infra.preview import preview
+from infra.preview import PLACEHOLDER_DNS_ENDPOINT, preview
 from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
 
 CLUSTER = "gcp:container/cluster:Cluster"
@@ -42,6 +42,11 @@ COMMON = {
     "pulumi:providers:gcp": 1,
     "pulumi:providers:kubernetes": 1,
     "gemma-tpu:infra:ProjectApis": 1,
+    "gemma-tpu:infra:StackNetwork": 1,
+    "gcp:compute/network:Network": 1,  # the stack's own VPC, its subnet, and egress for private nodes
+    "gcp:compute/subnetwork:Subnetwork": 1,
+    "gcp:compute/router:Router": 1,
+    "gcp:compute/routerNat:RouterNat": 1,
     "gemma-tpu:infra:GkeCluster": 1,
     "gemma-tpu:infra:TpuPools": 1,
     "gemma-tpu:infra:Buckets": 1,
@@ -208,7 +213,8 @@ def test_every_kubernetes_object_goes_through_the_cluster_provider(stack):
     assert provider.inputs["clusterIdentifier"] == f"gemma-{stack}-id"  # the cluster's ID
     assert provider.inputs["enableServerSideApply"] == "true"
     kubeconfig = json.loads(provider.inputs["kubeconfig"])
-    assert kubeconfig["clusters"][0]["cluster"]["server"] == "https://203.0.113.10"  # the cluster's endpoint
+    # The cluster's DNS endpoint, whose certificate is publicly trusted: no CA data to go stale.
+    assert kubeconfig["clusters"][0]["cluster"] == {"server": f"https://{PLACEHOLDER_DNS_ENDPOINT}"}
     assert kubeconfig["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
 
 
@@ -253,7 +259,7 @@ def test_outputs(stack):
     assert outputs["clusterName"] == f"gemma-{stack}"
     assert outputs["clusterLocation"] == location
     assert outputs["getCredentials"] == (
-        f"gcloud container clusters get-credentials gemma-{stack} --location {location} --project {PROJECT_ID}"
+        f"gcloud container clusters get-credentials gemma-{stack} --location {location} --project {PROJECT_ID} --dns-endpoint"
     )
     assert outputs["dataBucketUrl"] == f"gs://{PROJECT_ID}-{stack}-data"
     assert outputs["artifactsBucketUrl"] == f"gs://{PROJECT_ID}-{stack}-artifacts"

@@ -71,6 +71,8 @@ def export_outputs(platform: Platform, run: TrainingRun) -> None:
     pulumi.export("trainingStatus", run.status_command)
     pulumi.export("trainingLogs", run.logs_command)
     pulumi.export("tensorboardDir", run.tensorboard_dir)
+    if platform.monitoring:
+        pulumi.export("dashboardUrl", platform.monitoring.dashboard_url)
 
 
 def declare_stack(config: StackConfig) -> None:

@@ -13,6 +13,8 @@ SERVICES = (
     "container.googleapis.com",
     "iam.googleapis.com",
     "iamcredentials.googleapis.com",  # Workload Identity token exchange
+    "logging.googleapis.com",  # log-based metrics (infra.monitoring)
+    "monitoring.googleapis.com",  # the dashboard and alert policies
     "storage.googleapis.com",
 )
 

@@ -40,6 +40,11 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 # A reservation in this project, or a shared one of another: projects/OWNER/reservations/NAME.
 _RESERVATION = re.compile(r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+# A Cloud Monitoring notification channel's resource name (`gcloud beta monitoring channels list`).
+_NOTIFICATION_CHANNEL = re.compile(r"^projects/[a-z0-9-]+/notificationChannels/[0-9]+$")
+# Alert windows: the trainer reports every few steps and GKE samples TPU metrics every 60 s, with a
+# few minutes' delay; a shorter window alerts on noise. A condition's duration is at most a day.
+ALERT_MINUTES = (5, 24 * 60)
 # Service account IDs are at most 30 characters: f"gemma-{stack}-nodes" leaves 18 for the stack name.
 # Data preparation, the one writer of the data bucket, has its own Google and Kubernetes accounts,
 # named with this suffix.
@@ -85,6 +90,18 @@ class ClusterAccess:
     maintenance_days: tuple[str, ...]  # weekly recurring maintenance window, in UTC
     maintenance_start_utc: str  # HH:MM
     maintenance_hours: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitoringConfig:
+    """The stack's dashboard and alert policies (infra.monitoring); each threshold is an alert's."""
+
+    enabled: bool
+    notification_channels: tuple[str, ...]  # where alerts go; none: they show in the console only
+    restart_alert_count: int  # a run restarted more than this many times within a day
+    low_utilization_percent: float  # a running trainer's TPU duty cycle below this ...
+    low_utilization_minutes: int  # ... for this long: stuck or input-bound
+    idle_nodes_minutes: int  # TPU nodes up this long with no trainer running
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +195,7 @@ class StackConfig:
     # The fallback if the TPU device files are not readable by the image's non-root user (docs/workloads.md).
     trainer_runs_as_root: bool
     training: TrainingConfig
+    monitoring: MonitoringConfig
 
     @property
     def cluster_name(self) -> str:
@@ -324,6 +342,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     protect = top.flag(f"{PROJECT}:protect", False)
     trainer_runs_as_root = top.flag(f"{PROJECT}:trainerRunsAsRoot", False)
     training_section = top.section(f"{PROJECT}:training")
+    monitoring_section = top.section(f"{PROJECT}:monitoring")
 
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
     access = _parse_access(cluster)
@@ -342,7 +361,8 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     keep_artifacts = storage.flag("keepArtifacts", True)
     data_cache_gib = storage.integer("dataCacheGiB", DATA_CACHE_GIB_DEFAULT, minimum=1, maximum=DATA_CACHE_GIB_MAX)
     training = _parse_training(training_section)
-    for section in (top, cluster, tpu_section, storage, training_section, network_section):
+    monitoring = _parse_monitoring(monitoring_section)
+    for section in (top, cluster, tpu_section, storage, training_section, network_section, monitoring_section):
         section.reject_unknown()
 
     # Values are well-typed and every key is known: now the checks that span keys.
@@ -395,6 +415,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         protect=protect,
         trainer_runs_as_root=trainer_runs_as_root,
         training=training,
+        monitoring=monitoring,
     )
 
 
@@ -421,6 +442,26 @@ def _parse_training(section: _Section) -> TrainingConfig:
         max_restarts=section.integer("maxRestarts", 10, minimum=0),
         profiling=section.flag("profiling", False),
         run_name=section.text("runName", "gemma-finetune"),
+    )
+
+
+def _parse_monitoring(section: _Section) -> MonitoringConfig:
+    enabled = section.flag("enabled", True)
+    channels = section.text_list("notificationChannels", ())
+    for channel in channels:
+        if not _NOTIFICATION_CHANNEL.match(channel):
+            raise ConfigError(
+                f"{section.key('notificationChannels')} holds {channel!r}, not a channel such as "
+                "projects/PROJECT/notificationChannels/123; list yours with `gcloud beta monitoring channels list`"
+            )
+    minutes = {"minimum": ALERT_MINUTES[0], "maximum": ALERT_MINUTES[1]}
+    return MonitoringConfig(
+        enabled=enabled,
+        notification_channels=channels,
+        restart_alert_count=section.integer("restartAlertCount", 3, minimum=0),
+        low_utilization_percent=section.number("lowUtilizationPercent", 20.0, above=0.0, maximum=100.0),
+        low_utilization_minutes=section.integer("lowUtilizationMinutes", 30, **minutes),
+        idle_nodes_minutes=section.integer("idleNodesMinutes", 30, **minutes),
     )
 
 

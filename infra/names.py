@@ -17,6 +17,8 @@ DNS_LABEL_MAX = 63
 RUN_HASH_CHARS = 8  # the run name is `<runName>-<hash>`, see workloads.spec.run_spec
 SLICE_JOB = "slice"  # the JobSet's replicated job: one Job per slice
 CPU_POOL_NAME = "cpu"  # controllers (JobSet) and CPU jobs (data preparation)
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"  # the label GKE gives a node: its pool's name
+TRAINER_CONTAINER = "trainer"  # the training pods' container that runs the trainer
 _RANDOM_POD_SUFFIX = "-abcde"  # what Kubernetes appends to a Job's pod names, as the webhook counts it
 
 
@@ -30,12 +32,17 @@ def run_object_name(run_name: str, digest: str) -> str:
     return f"{run_name}-{digest[:RUN_HASH_CHARS]}"
 
 
+def run_kind(*, slices: int, hosts_per_slice: int) -> str:
+    """The training object's kind: a batch/v1 Job for one host, a JobSet as soon as there are several."""
+    return "Job" if slices * hosts_per_slice == 1 else "JobSet"
+
+
 def generated_names(run_name: str, *, slices: int, hosts_per_slice: int) -> dict[str, str]:
     """The longest name of each kind that the training object of `run_name` leads to, keyed by what
     the admission path calls it (x: the run's hash). One host is a batch/v1 Job; several are a
     JobSet of `slices` Jobs, with a coordinator when there are several slices."""
     run_object = run_object_name(run_name, "x" * RUN_HASH_CHARS)
-    if slices * hosts_per_slice == 1:
+    if run_kind(slices=slices, hosts_per_slice=hosts_per_slice) == "Job":
         return {"Job name (the job-name label of its pod)": run_object}
     last_job = f"{run_object}-{SLICE_JOB}-{slices - 1}"
     names = {

@@ -1,5 +1,5 @@
 """The platform of one stack as a function of its config: APIs, cluster, TPU pools, buckets,
-identity, registry and the JobSet controller, grouped as the `Platform` that what runs on it
+identity, registry, the JobSet controller and monitoring, grouped as the `Platform` that what runs on it
 (stack.py: the trainer image and the training run) builds on."""
 
 from dataclasses import dataclass
@@ -13,6 +13,7 @@ from infra.cluster import GkeCluster
 from infra.config import StackConfig
 from infra.identity import TrainingIdentity
 from infra.jobset import JobSetController
+from infra.monitoring import Monitoring
 from infra.network import StackNetwork
 from infra.registry import Registry
 from infra.storage import Buckets
@@ -33,6 +34,7 @@ class Platform:
     identity: TrainingIdentity
     registry: Registry
     jobset: JobSetController
+    monitoring: Monitoring | None  # None with gemma-tpu:monitoring.enabled false
 
     @property
     def kubernetes_provider(self) -> k8s.Provider:
@@ -69,7 +71,7 @@ class Platform:
 
 def build(config: StackConfig) -> Platform:
     """Declare the infrastructure of one stack: APIs, cluster, TPU pools, buckets, identity,
-    registry and the JobSet controller."""
+    registry, the JobSet controller and monitoring."""
     gcp_provider = gcp.Provider(
         "gcp", gcp.ProviderArgs(project=config.project, region=config.region, zone=config.zone)
     )
@@ -90,4 +92,5 @@ def build(config: StackConfig) -> Platform:
         identity=TrainingIdentity("identity", config, cluster, buckets, after=after_apis, opts=on_gcp),
         registry=Registry("registry", config, cluster.node_service_account, after=after_apis, opts=on_gcp),
         jobset=JobSetController("jobset", cluster),
+        monitoring=Monitoring("monitoring", config, after=after_apis, opts=on_gcp) if config.monitoring.enabled else None,
     )

@@ -30,6 +30,7 @@ from infra.stack_files import PLACEHOLDER_PROJECT, PROJECT_ROOT, offline_values
 PROGRAM = PROJECT_ROOT / "__main__.py"
 PLACEHOLDER_DNS_ENDPOINT = "gke-0123456789abcdef-000000000000.us-east5.gke.goog"  # a cluster's DNS endpoint form
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # of an image build, known only after the push
+PLACEHOLDER_DASHBOARD_ID = "PLACEHOLDER-DASHBOARD-ID"  # assigned by Monitoring on creation
 COMPUTED = "<computed>"  # a value only the provider knows after creating the resource
 USER_ERROR = 2
 
@@ -72,6 +73,9 @@ class _CloudPlaceholders(pulumi.runtime.Mocks):
         elif args.typ == "docker-build:index:Image":
             # The pushed reference pods run, so that the training objects show in full.
             state.update(ref=f"{args.inputs['tags'][0]}@{PLACEHOLDER_DIGEST}")
+        elif args.typ == "gcp:monitoring/dashboard:Dashboard":
+            # The provider's ID of a dashboard; Monitoring picks the last part.
+            return f"projects/{self.project}/dashboards/{PLACEHOLDER_DASHBOARD_ID}", state
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -205,6 +209,18 @@ def _shown(value: Any) -> Any:
     return value
 
 
+def _documents_decoded(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Inputs that are JSON documents as text (a dashboard's `dashboardJson`) shown as the document."""
+    decoded = dict(inputs)
+    for key, value in inputs.items():
+        if isinstance(value, str) and value.startswith("{"):
+            try:
+                decoded[key] = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+    return decoded
+
+
 def _print_text(result: StackPreview) -> None:
     for resource in result.resources:
         parent = f"  in {resource.parent}" if resource.parent else ""
@@ -213,7 +229,7 @@ def _print_text(result: StackPreview) -> None:
         print(f"{resource.type}  {resource.name}{parent}{provider}{kept}")
         if resource.depends_on:
             print(f"  after: {', '.join(resource.depends_on)}")
-        for line in json.dumps(resource.inputs, indent=2, sort_keys=True).splitlines()[1:-1]:
+        for line in json.dumps(_documents_decoded(resource.inputs), indent=2, sort_keys=True).splitlines()[1:-1]:
             print(f"  {line}")
     print(f"{len(result.resources)} resources. Stack outputs:")
     for line in json.dumps(result.outputs, indent=2, sort_keys=True).splitlines()[1:-1]:

@@ -38,6 +38,9 @@ def model_names() -> tuple[str, ...]:
 LR_SCHEDULES = ("cosine", "constant")
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.precision's choice for the platform
 PRESETS = ("tiny",)
+# How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
+# turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
+LOG_FORMATS = ("text", "json")
 MESH_AXES = ("data", "fsdp")
 # Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
 DISTRIBUTED_ENV = {
@@ -75,6 +78,7 @@ class TrainConfig:
     seed: int = 0
     preset: str | None = None
     log_interval: int = 10
+    log_format: str = "text"
     tensorboard_dir: str | None = None  # None: WORKDIR/tensorboard
     profile_port: int | None = None
     profile_dir: str | None = None
@@ -232,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run)")
     add("--config", help="YAML file whose keys are these flags' names with underscores; flags given here override it")
     add("--log-interval", type=_positive_int, help=f"steps between metric reports (default {d.log_interval})")
+    add("--log-format", choices=LOG_FORMATS, help="how reports print on stdout: text (a progress bar on a terminal, a plain line "
+        f"elsewhere) or json (one JSON object a line, for Cloud Logging); metrics.jsonl is the same either way (default {d.log_format})")
     add("--tensorboard-dir", help="TensorBoard event directory (default WORKDIR/tensorboard)")
     add("--profile-port", type=_port, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
     add("--profile-dir", help="write a profiler trace of a few early steps here")

@@ -1,5 +1,6 @@
-"""The container's contract with the workloads that run it: its exit codes, the image's user and
-the prepared-data marker. No heavy imports: the workload builders and the image build read it."""
+"""The container's contract with the workloads that run it: its exit codes, the image's user, the
+prepared-data marker and the marks of its JSON log lines. No heavy imports: the workload builders,
+the image build and the stack's log-based metrics read it."""
 
 OK = 0
 # A user error (bad flag, config or data file): retrying cannot help, so the run fails at once.
@@ -13,3 +14,11 @@ TRAINER_UID = 1000
 # `python -m trainer.prepare` writes this file last inside its output and renames the output into
 # place: its presence means the prepared data is complete.
 PREPARED_MARKER_FILE = "meta.json"
+
+# `--log-format json`: each line the trainer prints on stdout is one JSON object, which GKE's logging
+# agent turns into a log entry's jsonPayload. This key says what the line is: a metrics report (its
+# metrics.jsonl record, plus `message`, the plain line Logs Explorer shows) or a piece of text (a
+# sample generation, a note).
+LOG_EVENT_KEY = "event"
+REPORT_EVENT = "report"
+TEXT_EVENT = "text"

@@ -116,7 +116,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
                               mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype)
 
     with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
-                         is_main_process=is_main, start_step=start_step + 1, stream=sys.stdout) as reporter:
+                         is_main_process=is_main, start_step=start_step + 1, stream=sys.stdout,
+                         log_format=config.log_format) as reporter:
         if resume_step is not None:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
             reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}{done}")

@@ -2,8 +2,10 @@
 
 metrics.jsonl gets one JSON object per report, appended, so a resumed run continues the file; a
 value that is not finite (a diverged loss) is written as null, which every JSON reader accepts.
-On a terminal the report redraws one progress line with an ETA; anywhere else (a pod's log) it
-prints one plain line per report. Only the main process writes anything.
+On a terminal the report redraws one progress line with an ETA; anywhere else it prints one plain
+line per report. With `log_format="json"` (the training pods) every line it prints is one JSON object
+instead (trainer.contract's marks: the record and the plain line as `message`), for Cloud Logging.
+Only the main process writes anything.
 """
 
 import json
@@ -13,6 +15,7 @@ import shutil
 import sys
 import time
 
+from trainer import contract
 from trainer.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -81,7 +84,8 @@ class MetricsReporter:
     `start_step` is the first step this run will report: above 0 when resuming, so that
     TensorBoard drops what an interrupted earlier run logged from that step on (the lines it
     left in metrics.jsonl stay; `trainer.plot` keeps the later report of a step).
-    `clock` is the time source for the ETA (injectable for tests).
+    `clock` is the time source for the ETA (injectable for tests). `log_format` is "text" or
+    "json" (trainer.config.LOG_FORMATS).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class MetricsReporter:
         stream=None,
         start_step: int = 0,
         clock=time.monotonic,
+        log_format: str = "text",
     ):
         self._total_steps = total_steps
         # Looked up per reporter, not at import: sys.stdout may be replaced (pytest capture, redirection).
@@ -101,7 +106,8 @@ class MetricsReporter:
         self._stream = stream
         self._clock = clock
         self._is_main_process = is_main_process
-        self._is_terminal = is_main_process and bool(getattr(stream, "isatty", lambda: False)())
+        self._json_lines = log_format == "json"
+        self._is_terminal = is_main_process and not self._json_lines and bool(getattr(stream, "isatty", lambda: False)())
         self._first_report = None  # (step, time) of this run's first report: the ETA's origin
         self._bar_drawn = False
         self._jsonl = None
@@ -165,7 +171,10 @@ class MetricsReporter:
         if not self._is_main_process:
             return
         self._end_bar()
-        print(f"[{tag}, step {step}]\n{text}", file=self._stream, flush=True)
+        if self._json_lines:
+            self._print_json({contract.LOG_EVENT_KEY: contract.TEXT_EVENT, "tag": tag, "step": step, "message": text})
+        else:
+            print(f"[{tag}, step {step}]\n{text}", file=self._stream, flush=True)
         if self._tensorboard is not None:
             self._tensorboard.add_text(tag, text, step)
             self._tensorboard.flush()
@@ -186,6 +195,9 @@ class MetricsReporter:
         )
         progress = f"step {step}/{self._total_steps}"
         eta = f"ETA {self._eta(step)}"
+        if self._json_lines:
+            self._print_json({contract.LOG_EVENT_KEY: contract.REPORT_EVENT, **record, "message": f"{progress} {fields} {eta}"})
+            return
         if not self._is_terminal:
             print(f"{progress} {fields} {eta}", file=self._stream, flush=True)
             return
@@ -199,6 +211,9 @@ class MetricsReporter:
         self._stream.write(f"\r{line}\x1b[K")
         self._stream.flush()
         self._bar_drawn = True
+
+    def _print_json(self, line: dict) -> None:
+        print(json.dumps(line), file=self._stream, flush=True)
 
     def _end_bar(self) -> None:
         if self._bar_drawn:

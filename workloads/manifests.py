@@ -24,22 +24,21 @@ have `backoffLimit: 0` and the JobSet restarts them as a whole.
 from typing import Any
 
 from infra.accounts import namespace_object, service_account_object
-from infra.names import SLICE_JOB
+from infra.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from trainer import contract
 from trainer.contract import TRAINER_UID
 from workloads.spec import (
     ARTIFACTS_MOUNT,
     DATA_MOUNT,
-    NODE_POOL_LABEL,
     PREPARE_DEADLINE_SECONDS,
     PROFILE_PORT,
     RETRYABLE_EXIT_CODES,
     TERMINATION_GRACE_SECONDS,
+    TPU_METRICS_PORT,
     RunSpec,
 )
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
-TRAINER_CONTAINER = "trainer"
 WAIT_CONTAINER = "wait-for-data"
 PREPARE_CONTAINER = "prepare"
 # JobSet failure-policy rule names match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: no hyphens
@@ -181,9 +180,10 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             {"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
         ],
         "securityContext": _CONTAINER_SECURITY,
+        "ports": [{"name": "tpu-metrics", "containerPort": TPU_METRICS_PORT}],
     }
     if spec.profiling:
-        trainer["ports"] = [{"name": "profiler", "containerPort": PROFILE_PORT}]
+        trainer["ports"].append({"name": "profiler", "containerPort": PROFILE_PORT})
     return {
         "metadata": _pod_metadata(_labels("train", spec.name), evictable=False),
         "spec": {

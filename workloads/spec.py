@@ -12,13 +12,17 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from infra.config import StackConfig, TpuConfig, trainer_flags
-from infra.names import CPU_POOL_NAME, run_object_name, tpu_pool_names
+from infra.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
 from trainer.contract import PREPARED_MARKER_FILE, TRAINER_UID
 
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
 ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles
 PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
+# The port GKE reads a TPU container's runtime metrics from (duty cycle, HBM use: the
+# kubernetes.io/container/accelerator/* metrics); GKE's TPU manifests declare it on the container
+# ("Port to export TPU runtime metrics, if supported": cloud.google.com/kubernetes-engine/docs/how-to/tpus).
+TPU_METRICS_PORT = 8431
 # SIGTERM reaches the trainer, which checkpoints at the next step (one step plus an Orbax save of
 # parameters and optimizer state through the FUSE mount) and exits with contract.RETRY. Five
 # minutes covers Gemma 3 up to 4B; Spot VMs give 30 s whatever is set, and then the last interval
@@ -43,7 +47,6 @@ _CAPACITY_SELECTORS = {
     "flex-start": {"cloud.google.com/gke-flex-start": "true"},
     "reservation": {},
 }
-NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 _PREPARED_HASH_CHARS = 8
 # 2: a downloaded dataset is recorded by its URL (1: by the preparation pod's scratch copy). A new
 # record gives the prepared data a new directory, prepared once beside the old one, rather than a
@@ -68,8 +71,8 @@ Shape = Literal["job", "jobset"]
 
 
 def run_shape(config: StackConfig) -> Shape:
-    """A batch/v1 Job for a single host; a JobSet as soon as there are several pods."""
-    return "job" if config.total_hosts == 1 else "jobset"
+    """A batch/v1 Job for a single host; a JobSet as soon as there are several pods (infra.names.run_kind)."""
+    return "job" if run_kind(slices=config.tpu.slices, hosts_per_slice=config.slice.hosts) == "Job" else "jobset"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,6 +178,7 @@ def _trainer_args(config: StackConfig, data_dir: str, run_dir: str) -> tuple[str
         "--workdir", run_dir,
         "--checkpoint-dir", f"{run_dir}/checkpoints",
         "--tensorboard-dir", f"{run_dir}/tensorboard",
+        "--log-format", "json",  # one JSON object a line: the stack's log-based metrics read them
         # FSDP inside a slice (ICI), data parallelism across slices (DCN): 1B and 4B fit a v6e 2x4 only so.
         "--mesh", f"data=-1,fsdp={config.slice.chips}",
     ]  # fmt: skip

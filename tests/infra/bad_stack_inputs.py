@@ -56,7 +56,7 @@ def _entry(key: str, value: Any) -> str:
 KEYS = (
     "gcp:project, gcp:region, gcp:zone, gemma-tpu:cluster, gemma-tpu:tpu, gemma-tpu:storage, gemma-tpu:image, "
     "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:trainerRunsAsRoot, gemma-tpu:training, "
-    "gemma-tpu:network"
+    "gemma-tpu:monitoring, gemma-tpu:network"
 )
 MULTISLICE = {"topology": "2x4", "slices": 2}
 
@@ -218,6 +218,13 @@ CASES = (
              error=f"gemma-tpu:training.runName '{'r' * 18}' is too long for 2 slices of v6e 2x4: the coordinator address "
                    f"(a label value) would be '{'r' * 18}-xxxxxxxx-slice-0-0.{'r' * 18}-xxxxxxxx' (x: the run's hash), 65 "
                    "characters, and Kubernetes allows 63; use at most 17 characters"),
+    BadStack(case="notification channel that is an address", config={"gemma-tpu:monitoring": {"notificationChannels": ["me@example.com"]}},
+             error="gemma-tpu:monitoring.notificationChannels holds 'me@example.com', not a channel such as "
+                   "projects/PROJECT/notificationChannels/123; list yours with `gcloud beta monitoring channels list`"),
+    BadStack(case="utilization threshold over 100%", config={"gemma-tpu:monitoring": {"lowUtilizationPercent": 150}},
+             error="gemma-tpu:monitoring.lowUtilizationPercent is 150; it must be above 0.0 and at most 100.0"),
+    BadStack(case="alert window shorter than the metrics' delay", config={"gemma-tpu:monitoring": {"idleNodesMinutes": 1}},
+             error="gemma-tpu:monitoring.idleNodesMinutes is 1; it must be between 5 and 1440"),
 )
 
 

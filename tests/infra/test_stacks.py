@@ -55,7 +55,7 @@ COMMON = {
     "gemma-tpu:infra:JobSetController": 1,
     "gemma-tpu:infra:TrainerImage": 1,
     "gemma-tpu:workloads:TrainingRun": 1,
-    SERVICE: 7,
+    SERVICE: 9,
     "gcp:serviceaccount/account:Account": 3,  # nodes, training, data preparation
     "gcp:projects/iAMMember:IAMMember": 1,  # the node account's roles/container.defaultNodeServiceAccount
     CLUSTER: 1,
@@ -68,6 +68,10 @@ COMMON = {
     "kubernetes:core/v1:ServiceAccount": 2,  # training, data preparation
     "kubernetes:yaml/v2:ConfigFile": 1,  # JobSet
     "docker-build:index:Image": 1,  # the trainer image
+    "gemma-tpu:infra:Monitoring": 1,
+    "gcp:logging/metric:Metric": 4,  # loss, tokens/s, step time, the training object's events
+    "gcp:monitoring/dashboard:Dashboard": 1,
+    "gcp:monitoring/alertPolicy:AlertPolicy": 4,  # failed, restarts, low utilization, idle TPU nodes
 }
 NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0}  # CPU pool + one per slice
 JOB, JOBSET = "kubernetes:batch/v1:Job", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"

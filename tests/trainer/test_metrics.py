@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from trainer import contract
 from trainer.errors import UserError
 from trainer.metrics import METRICS_FILE, MetricsReporter, read_metrics
 
@@ -117,6 +118,23 @@ def test_text_starts_below_the_progress_bar(tmp_path):
     bar, text = stream.getvalue().split("\n", 1)
     assert "step 5/10" in bar
     assert text.startswith("[samples/after, step 10]\nOnce upon a time")
+
+
+def test_json_log_lines_are_one_object_each_the_record_and_its_plain_line(tmp_path):
+    """--log-format json, even on a terminal (kubectl attach): GKE's logging agent makes each line a
+    log entry's jsonPayload, which the stack's log-based metrics read."""
+    stream = Terminal()
+    with MetricsReporter(tmp_path, total_steps=20, tensorboard_dir=None, stream=stream, log_format="json") as reporter:
+        reporter.report(10, TRAIN_METRICS | {"loss": float("nan")})
+        reporter.report(20, TRAIN_METRICS)
+        reporter.text("samples/after", 20, "Once upon\na time")
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+    first, second, text = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert second == {"event": contract.REPORT_EVENT, "step": 20, **TRAIN_METRICS, "message": second["message"]}
+    assert second["message"].startswith("step 20/20 loss 2.5000 ") and "tok/s 12.3k" in second["message"]
+    assert first["loss"] is None  # strict JSON: a NaN would make the line unreadable to the agent
+    assert text == {"event": contract.TEXT_EVENT, "tag": "samples/after", "step": 20, "message": "Once upon\na time"}
+    assert read_metrics(tmp_path / METRICS_FILE)[1] == {"step": 20} | TRAIN_METRICS  # the same file either way
 
 
 def test_tensorboard_events_hold_the_scalars_and_texts(tmp_path):

@@ -8,6 +8,10 @@ import numpy as np
 import pytest
 from gemma import gm
 
+from infra import telemetry
+from infra.config import parse_stack_config
+from infra.stack_files import offline_values
+from tests.infra import monitoring_filters
 from trainer import data, contract, loop, models
 from trainer.config import parse_config
 from trainer.corpus import write_corpus
@@ -46,6 +50,27 @@ def test_reports_carry_throughput_and_mfu_is_unknown_on_cpu(full_run):
     assert last["tokens_per_sec_per_device"] == pytest.approx(last["tokens_per_sec"] / jax.device_count())
     assert last["mfu"] is None
     assert last["eval_perplexity"] == pytest.approx(np.exp(last["eval_loss"]), rel=1e-6)
+
+
+def test_json_log_lines_hold_what_the_stacks_log_metrics_extract(tmp_path, prepared_dir, tokenizer_path, capsys):
+    """The training pods run --log-format json. Each of the stack's log-based metrics on the trainer's
+    lines matches real report lines, as GKE logs them from a run's pod, and extracts a number there;
+    a report without the number (step 1 has no throughput yet) is not counted."""
+    loop.train(parse_config(tiny_args(tmp_path, prepared_dir, tokenizer_path, "--steps", "2", "--log-format", "json")))
+    values, stack = offline_values("multihost")
+    config = parse_stack_config(values, stack)
+    labels = {"cluster_name": config.cluster_name, "namespace_name": config.namespace, "container_name": "trainer",
+              "pod_name": "gemma-finetune-0123abcd-slice-0-1-x7k2p"}  # fmt: skip
+    entries = [{"resource": {"type": "k8s_container", "labels": labels}, "jsonPayload": json.loads(line)}
+               for line in capsys.readouterr().out.splitlines()]  # fmt: skip
+    assert [entry["jsonPayload"]["step"] for entry in entries] == [1, 2]
+    run = telemetry.run_telemetry(config)
+    for metric, steps in ((run.loss, [1, 2]), (run.tokens_per_sec, [2]), (run.step_time, [2])):
+        counted = [entry for entry in entries if monitoring_filters.matches(metric.filter, entry)]
+        assert [entry["jsonPayload"]["step"] for entry in counted] == steps, metric.key
+        for entry in counted:
+            assert monitoring_filters.extract(metric.value_extractor, entry) > 0
+            assert monitoring_filters.extract(metric.labels["run"], entry) == "gemma-finetune-0123abcd"
 
 
 def test_run_leaves_config_checkpoint_events_plot_and_loadable_export(full_run, tokenized_data):

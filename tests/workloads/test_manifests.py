@@ -259,8 +259,17 @@ def test_profiling_opens_the_profiler_port_and_writes_to_the_artifacts_bucket():
     pod = training_pod(manifests.training(spec_of(edited_config("dev", training={"profiling": True}))))
     trainer = container(pod, "trainer")
     parsed = parse_config(trainer["args"])
-    assert trainer["ports"] == [{"name": "profiler", "containerPort": parsed.profile_port}]
+    assert {"name": "profiler", "containerPort": parsed.profile_port} in trainer["ports"]
     assert parsed.profile_dir.startswith(f"{ARTIFACTS_MOUNT}/runs/")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_training_pods_export_tpu_metrics_and_log_json_lines(stack):
+    """GKE reads the TPU runtime metrics (duty cycle, HBM) from the container's port 8431, and the
+    stack's log-based metrics read the trainer's JSON report lines."""
+    trainer = container(training_pod(manifests.training(spec_of(stack_config(stack)))), "trainer")
+    assert {"name": "tpu-metrics", "containerPort": 8431} in trainer["ports"]
+    assert parse_config(trainer["args"]).log_format == "json"
 
 
 def test_run_name_changes_with_the_training_config_or_image_and_only_then():

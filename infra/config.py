@@ -8,6 +8,7 @@ the stack file and the allowed values.
 
 import difflib
 import ipaddress
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -535,7 +536,7 @@ def _check_cidrs(section: _Section, cidrs: dict[str, str]) -> None:
         if network.version != 4 or not network.is_private:
             raise ConfigError(f"{section.key(key)} is {text!r}; use a private IPv4 range (10/8, 172.16/12, 192.168/16)")
         networks[key] = network
-    for (key_a, a), (key_b, b) in ((x, y) for i, x in enumerate(networks.items()) for y in list(networks.items())[i + 1:]):
+    for (key_a, a), (key_b, b) in itertools.combinations(networks.items(), 2):
         if a.overlaps(b):
             raise ConfigError(f"{section.key(key_a)} {a} overlaps {section.key(key_b)} {b}; give them disjoint ranges")
 

@@ -73,8 +73,9 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
 def process_zero_first(what: str, make: Callable[[], T]) -> T:
     """Runs `make` on process 0 first, then on every other process, and returns its result.
 
-    `make` creates whatever of `what` is missing (each file atomically, trainer.shared_files) and opens it. On a shared
-    workdir the others then only read what process 0 made; on a host-local one each makes its own.
+    `make` creates whatever of `what` is missing (each file atomically, trainer.shared_files) and
+    opens it. On a shared workdir the others then only read what process 0 made; on a host-local
+    one each makes its own.
     A UserError of process 0 is raised, with its message, in every process, so that all of them
     fail with the same line instead of waiting for a peer that is gone.
     """

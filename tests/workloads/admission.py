@@ -212,12 +212,20 @@ def _restart_policy(obj: Obj) -> list[str]:
 
 @rule("pod-references")
 def _pod_references(obj: Obj) -> list[str]:
-    """Container names unique in a pod; every volumeMount names a volume of the pod (core validation.go)."""
+    """Container names unique in a pod, port names unique in a container and ports 1-65535
+    (validateContainerPorts); every volumeMount names a volume of the pod (core validation.go)."""
     problems = []
     for where, pod in _pods(obj):
         spec = pod["spec"]
         names = [c.get("name") for c in _containers(spec)]
         problems += [f"{where}: container name {n!r} is used twice" for n in sorted({n for n in names if names.count(n) > 1})]
+        for container in _containers(spec):
+            ports = container.get("ports", [])
+            port_names = [p.get("name") for p in ports if p.get("name")]
+            problems += [f"{where}: port name {n!r} is used twice in container {container.get('name')!r}"
+                         for n in sorted({n for n in port_names if port_names.count(n) > 1})]  # fmt: skip
+            problems += [f"{where}: containerPort {p.get('containerPort')!r} is not 1-65535"
+                         for p in ports if not isinstance(p.get("containerPort"), int) or not 0 < p["containerPort"] < 65536]  # fmt: skip
         volumes = {v.get("name") for v in spec.get("volumes", [])}
         problems += [
             f"{where}: container {c.get('name')!r} mounts volume {m.get('name')!r}, which the pod does not have"

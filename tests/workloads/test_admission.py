@@ -54,6 +54,12 @@ def test_every_object_of_every_shipped_stack_would_be_admitted(stack):
         assert admission.violations(obj) == [], obj["metadata"]["name"]
 
 
+@pytest.mark.parametrize("stack", STACKS)
+def test_profiling_adds_a_port_that_would_be_admitted(stack):
+    for obj in _objects(edited_config(stack, training={"profiling": True})):
+        assert admission.violations(obj) == [], obj["metadata"]["name"]
+
+
 @pytest.mark.parametrize("case", sorted(GENERATED))
 def test_every_object_of_generated_shapes_with_the_longest_run_name_would_be_admitted(case):
     for obj in _objects(GENERATED[case]):
@@ -161,6 +167,10 @@ BREAKS = {
     "port name over 15": ("names-are-dns-labels", "dev",
         lambda o: training_pod(o)["spec"]["containers"][0].update(ports=[{"name": "profiler-server-port", "containerPort": 9012}])),
     "label value over 63": ("labels-are-valid", "dev", lambda o: o["metadata"]["labels"].update(run="r" * 64)),
+    "port name used twice": ("pod-references", "dev",
+        lambda o: training_pod(o)["spec"]["containers"][0]["ports"].append({"name": "tpu-metrics", "containerPort": 9012})),
+    "container port 0": ("pod-references", "multihost",
+        lambda o: training_pod(o)["spec"]["containers"][0]["ports"].append({"name": "profiler", "containerPort": 0})),
     "mount of a volume the pod lacks": ("pod-references", "dev",
         lambda o: training_pod(o)["spec"]["containers"][0]["volumeMounts"].append({"name": "scratch", "mountPath": "/tmp/x"})),
     "TPU request below its limit": ("extended-resources", "multihost",

@@ -1,7 +1,10 @@
 """Strict validators: built-in kinds with kubernetes-validate (Kubernetes 1.32), the JobSet with
-its CRD's v1alpha2 `openAPIV3Schema` turned into a JSON Schema that rejects unknown fields."""
+its CRD's v1alpha2 `openAPIV3Schema` turned into a JSON Schema that rejects unknown fields, and
+the Kueue kinds (kueue.x-k8s.io, v1beta2 where the CRDs serve it) the same way, plus the few CEL
+and webhook rules of Kueue that a quota or flavor written by hand most easily breaks."""
 
 import pathlib
+import re
 from typing import Any
 
 import jsonschema
@@ -64,4 +67,146 @@ def jobset_validator() -> jsonschema.Draft7Validator:
 def validate_jobset(obj: dict[str, Any], validator: jsonschema.Draft7Validator) -> None:
     """The CRD leaves `metadata` open; it is checked as the ObjectMeta of a built-in kind."""
     validator.validate(obj)
+    validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})
+
+
+KUEUE_RELEASE = "v0.19.2"
+KUEUE_GROUP = "kueue.x-k8s.io"
+# The storage version of every Kueue CRD since v0.15; v1beta1 is still served there, deprecated.
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+KUEUE_CRD_FILES = (
+    "resourceflavors", "clusterqueues", "localqueues", "workloadpriorityclasses", "admissionchecks",
+    "provisioningrequestconfigs", "workloads", "topologies", "cohorts",
+)
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def kueue_crds_path() -> pathlib.Path:
+    path = schemas_dir() / "kueue-crds.yaml"
+    if not path.is_file():
+        files = ", ".join(f"kueue.x-k8s.io_{name}.yaml" for name in KUEUE_CRD_FILES)
+        pytest.skip(
+            f"{path} not found: set {SCHEMAS_ENV} to a folder holding kueue-crds.yaml (or put it in "
+            f"../shared/schemas beside the repository), the Kueue {KUEUE_RELEASE} CRDs as one "
+            f"multi-document YAML: {files} of config/components/crd/bases/ in kubernetes-sigs/kueue "
+            f"at tag {KUEUE_RELEASE}, concatenated with `---` between them (the CRDs of the release's "
+            "manifests.yaml will do too)"
+        )
+    return path
+
+
+def _python_patterns(node: Any) -> Any:
+    """Go's RE2 takes a flag group anywhere (`^(?i)[a-z]...`); Python's re wants it first."""
+    if isinstance(node, dict):
+        return {
+            k: re.sub(r"^\^\(\?([a-z]+)\)", r"(?\1)^", v) if k == "pattern" and isinstance(v, str) else _python_patterns(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_python_patterns(v) for v in node]
+    return node
+
+
+def kueue_validators() -> dict[str, jsonschema.Draft7Validator]:
+    """{kind: validator} for every kueue.x-k8s.io kind in kueue-crds.yaml, from the first served
+    version of KUEUE_VERSIONS. Each schema also pins apiVersion and kind, requires metadata with a
+    DNS-subdomain name (as the API server does for custom resources) and, for a cluster-scoped
+    kind, refuses metadata.namespace (stricter than the API server, which drops it)."""
+    validators = {}
+    for crd in yaml.safe_load_all(kueue_crds_path().read_text()):
+        if not crd or crd["spec"]["group"] != KUEUE_GROUP:
+            continue
+        served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
+        version = next((served[name] for name in KUEUE_VERSIONS if name in served), None)
+        if version is None:
+            continue
+        kind = crd["spec"]["names"]["kind"]
+        schema = _python_patterns(strict_schema(version["schema"]["openAPIV3Schema"]))
+        metadata: dict[str, Any] = {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN}},
+        }
+        if crd["spec"]["scope"] == "Cluster":
+            metadata["not"] = {"required": ["namespace"]}
+        schema["properties"] |= {
+            "apiVersion": {"const": f"{KUEUE_GROUP}/{version['name']}"},
+            "kind": {"const": kind},
+            "metadata": metadata,
+        }
+        schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+        validators[kind] = jsonschema.Draft7Validator(schema)
+    return validators
+
+
+def _quantity_is_negative(value: Any) -> bool:
+    return str(value).strip().startswith("-")
+
+
+def _kueue_rule_errors(obj: dict[str, Any]) -> list[str]:
+    """The CEL rules of the CRDs and the checks of pkg/webhooks (Kueue v0.19.2) that the schema
+    above cannot express, for a ClusterQueue and a ResourceFlavor."""
+    spec = obj.get("spec") or {}
+    errors = []
+    if obj["kind"] == "ClusterQueue":
+        seen_resources: set[str] = set()
+        seen_flavors: set[str] = set()
+        has_cohort = bool(spec.get("cohortName"))
+        for i, group in enumerate(spec.get("resourceGroups", [])):
+            covered = group["coveredResources"]
+            for name in covered:
+                if name in seen_resources:
+                    errors.append(f"resourceGroups[{i}].coveredResources: {name} is in another resource group")
+                seen_resources.add(name)
+            for flavor in group["flavors"]:
+                where = f"resourceGroups[{i}].flavors[{flavor['name']}]"
+                if flavor["name"] in seen_flavors:
+                    errors.append(f"{where}: the flavor is in another resource group")
+                seen_flavors.add(flavor["name"])
+                names = [r["name"] for r in flavor["resources"]]
+                if names != covered:
+                    errors.append(f"{where}.resources: names {names} must be coveredResources {covered}, in order")
+                for r in flavor["resources"]:
+                    for key in ("nominalQuota", "borrowingLimit", "lendingLimit"):
+                        if key in r and _quantity_is_negative(r[key]):
+                            errors.append(f"{where}.resources[{r['name']}].{key}: must be non-negative")
+                    if not has_cohort and ("borrowingLimit" in r or "lendingLimit" in r):
+                        errors.append(f"{where}.resources[{r['name']}]: borrowingLimit/lendingLimit need cohortName")
+        flavors = {f["name"] for g in spec.get("resourceGroups", []) for f in g["flavors"]}
+        for check in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks", []):
+            for flavor in check.get("onFlavors", []):
+                if flavor not in flavors:
+                    errors.append(f"admissionChecksStrategy: {check['name']} onFlavors {flavor} is no flavor of the queue")
+        preemption = spec.get("preemption") or {}
+        if preemption.get("reclaimWithinCohort", "Never") == "Never" and (
+            preemption.get("borrowWithinCohort") or {}
+        ).get("policy", "Never") != "Never":
+            errors.append("preemption: reclaimWithinCohort=Never and borrowWithinCohort.Policy!=Never")
+    if obj["kind"] == "ResourceFlavor":
+        if "topologyName" in spec and not spec.get("nodeLabels"):
+            errors.append("spec: at least one nodeLabel is required when topology is set")
+        taints = [(t["key"], t["effect"]) for t in spec.get("nodeTaints", [])]
+        if len(taints) != len(set(taints)):
+            errors.append("spec.nodeTaints: taints must be unique by key and effect pair")
+        for t in spec.get("tolerations", []):
+            if "key" not in t and t.get("operator") != "Exists":
+                errors.append("spec.tolerations: operator must be Exists when 'key' is empty")
+            if t.get("operator") == "Exists" and "value" in t:
+                errors.append("spec.tolerations: a value must be empty when 'operator' is 'Exists'")
+            if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
+                errors.append("spec.tolerations: effect must be 'NoExecute' when 'tolerationSeconds' is set")
+    return errors
+
+
+def validate_kueue(obj: dict[str, Any], validators: dict[str, jsonschema.Draft7Validator]) -> None:
+    """Raises jsonschema.ValidationError for a kind or apiVersion the CRDs do not serve, an
+    unknown field or a wrong type anywhere, a broken Kueue rule (see _kueue_rule_errors), or
+    metadata that is no ObjectMeta."""
+    kind = obj.get("kind")
+    if kind not in validators:
+        raise jsonschema.ValidationError(f"kind {kind!r} is no Kueue kind of kueue-crds.yaml ({sorted(validators)})")
+    validators[kind].validate(obj)
+    errors = _kueue_rule_errors(obj)
+    if errors:
+        raise jsonschema.ValidationError(f"{kind} {obj['metadata']['name']}: " + "; ".join(errors))
     validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})

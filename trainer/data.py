@@ -33,6 +33,7 @@ import weakref
 import grain
 import numpy as np
 
+from trainer import chat, formats
 from trainer import prepare as prepare_lib
 from trainer.errors import UserError
 from trainer.tokenizer import load_tokenizer
@@ -68,20 +69,39 @@ class TokenizedData:
     def vocab_size(self) -> int:
         return self.meta["tokenizer"]["vocab_size"]
 
+    @property
+    def data_format(self) -> str:
+        return self.meta.get("data_format", formats.TEXT)  # format 1 prepared text only
+
+    @property
+    def is_chat(self) -> bool:
+        return formats.kind_of(self.data_format) != formats.TEXT
+
+    def tokens_and_mask(self, document: int, record: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """A record's token ids and whether each is trained (all of them unless the record carries a mask)."""
+        length = int(self.lengths[document])
+        tokens = np.frombuffer(record, prepare_lib.TOKEN_DTYPE, count=length)
+        if self.meta.get("loss_mask") != prepare_lib.LOSS_MASK_BITS:
+            return tokens, np.ones(length, np.float32)
+        bits = np.frombuffer(record, np.uint8, offset=length * prepare_lib.TOKEN_DTYPE.itemsize)
+        return tokens, np.unpackbits(bits, count=length, bitorder=prepare_lib.MASK_BIT_ORDER).astype(np.float32)
+
     def source(self) -> grain.sources.ArrayRecordDataSource:
         """Random access to the documents' token records, in document order across the shards."""
         return grain.sources.ArrayRecordDataSource([str(pathlib.Path(self.path) / s["file"]) for s in self.meta["shards"]])
 
 
-def _cache_name(text_path: pathlib.Path, tokenizer_sha256: str) -> str:
+def _cache_name(text_path: pathlib.Path, tokenizer_sha256: str, options: dict) -> str:
     stat = text_path.stat()
-    identity = json.dumps([str(text_path.resolve()), stat.st_size, stat.st_mtime_ns, tokenizer_sha256])
+    identity = json.dumps([str(text_path.resolve()), stat.st_size, stat.st_mtime_ns, tokenizer_sha256, options])
     return f"{text_path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
-def open_data(data: str, *, tokenizer_path: str, cache_dir: str) -> TokenizedData:
+def open_data(data: str, *, tokenizer_path: str, cache_dir: str, data_format: str = formats.AUTO,
+              loss_on: str = chat.COMPLETIONS, on_bad_row: str = prepare_lib.FAIL, log=lambda message: None) -> TokenizedData:
     """Opens `data`: a directory made by `trainer.prepare` (checked against the tokenizer) or a raw
-    text file, which is prepared once into `cache_dir` and reused while it and the tokenizer are unchanged."""
+    file (text, JSONL or Parquet: trainer.formats), which is prepared once into `cache_dir` with
+    `data_format`, `loss_on` and `on_bad_row` and reused while it, the tokenizer and those are unchanged."""
     data_path = pathlib.Path(data)
     tokenizer = load_tokenizer(tokenizer_path)
     if data_path.is_dir():
@@ -94,10 +114,12 @@ def open_data(data: str, *, tokenizer_path: str, cache_dir: str) -> TokenizedDat
                 f"(vocabulary {tokenizer.vocab_size}); pass that tokenizer or prepare the data again"
             )
     elif data_path.is_file():
-        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256)
-        meta = prepare_lib.prepare(data_path, tokenizer_path, directory)
+        options = {"data_format": data_format, "loss_on": loss_on}
+        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, options)
+        meta = prepare_lib.prepare(data_path, tokenizer_path, directory, **options, on_bad_row=on_bad_row, log=log)
     else:
-        raise UserError(f"--data {data}: not found; pass a text file or a directory made by `python -m trainer.prepare`")
+        raise UserError(f"--data {data}: not found; pass a text, JSONL or Parquet file or a directory made by "
+                        "`python -m trainer.prepare`")
     lengths = np.load(directory / meta["lengths_file"])
     return TokenizedData(path=str(directory), meta=meta, lengths=lengths)
 
@@ -251,25 +273,26 @@ class _BatchIterator(grain.DatasetIterator):
 
     def __init__(self, data: TokenizedData, plan: _Plan, bos_id: int, streams: range):
         super().__init__()
-        self._plan, self._bos_id = plan, bos_id
+        self._plan, self._bos_id, self._data = plan, bos_id, data
         self._source = data.source()
         self._packers = [_StreamPacker(plan, stream) for stream in streams]
         self._step = 0
 
-    def _row(self, windows: list[tuple[int, int]], tokens_of: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+    def _row(self, windows: list[tuple[int, int]], tokens_of: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """One packed row; a target position is trained when its target token is (the document's mask)."""
         seq_len = self._plan.seq_len
         row = {key: np.zeros(seq_len, np.int32) for key in ("input_tokens", "target_tokens", "segment_ids", "positions")}
         row["loss_mask"] = np.zeros(seq_len, np.float32)
         offset = 0
         for segment, (document, window) in enumerate(windows, start=1):
-            tokens = tokens_of[document]
+            tokens, trained = tokens_of[document]
             start, size = window * seq_len, self._plan.window_pairs(document, window)
             span = slice(offset, offset + size)
             row["input_tokens"][span] = tokens[start:start + size]
             row["target_tokens"][span] = tokens[start + 1:start + size + 1]
             row["segment_ids"][span] = segment
             row["positions"][span] = np.arange(size)
-            row["loss_mask"][span] = 1.0
+            row["loss_mask"][span] = trained[start + 1:start + size + 1]
             offset += size
         return row
 
@@ -281,8 +304,10 @@ class _BatchIterator(grain.DatasetIterator):
         self._step += 1
         # One read for the whole batch: the reader's per-call cost is ~1 ms, its per-record cost ~0.1 ms.
         documents = sorted({document for row in rows for document, _ in row or []})
-        tokens_of = {document: np.concatenate([[self._bos_id], np.frombuffer(record, prepare_lib.TOKEN_DTYPE)])
-                     for document, record in zip(documents, self._source.__getitems__(documents) if documents else [])}
+        tokens_of = {}
+        for document, record in zip(documents, self._source.__getitems__(documents) if documents else []):
+            tokens, trained = self._data.tokens_and_mask(document, record)
+            tokens_of[document] = (np.concatenate([[self._bos_id], tokens]), np.concatenate([[0.0], trained]))
         built = [self._row(row or [], tokens_of) for row in rows]
         return {key: np.stack([row[key] for row in built]) for key in built[0]}
 

@@ -1,7 +1,11 @@
-"""`python -m trainer.prepare`: tokenize a raw text corpus once into sharded ArrayRecord files.
+"""`python -m trainer.prepare`: tokenize a dataset once into sharded ArrayRecord files.
 
-The input is read as a stream (a 2 GB file is never held in memory): documents end at a separator,
-each is tokenized, EOS is appended, and each becomes one record of little-endian int32 token ids.
+The input is read as a stream (a 2 GB file is never held in memory) of documents: plain text ended
+by a separator, or the rows of a JSONL or Parquet file (trainer.formats), a chat or prompt/response
+row rendered with Gemma's chat template (trainer.chat). Each is tokenized, EOS is appended, and each
+becomes one record of little-endian int32 token ids; with loss on completions a chat's record is
+followed by its loss mask, one bit a token (LOSS_MASK_BITS). A bad row stops the run with its line
+(--on-bad-row fail) or is left out and counted by reason in meta.json's "skipped_rows" (skip).
 The output directory holds the shards, `lengths.npy` (tokens per document, which lets every process
 plan the packing of the whole dataset without reading it) and `meta.json`. It is written in a
 temporary sibling directory and renamed into place at the end, so a directory that has a readable
@@ -16,7 +20,7 @@ the object, so no second way of reading buckets is needed here.
 
 import argparse
 import array
-import codecs
+import collections
 import contextlib
 import http.client
 import json
@@ -30,13 +34,21 @@ import urllib.request
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from trainer import contract
+from trainer import chat, contract, formats
 from trainer.corpus import SEPARATOR
 from trainer.errors import UserError, entry_point
 from trainer.shared_files import replaced_atomically
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
-FORMAT_VERSION = 1
+# 2: meta.json says the data format and whether records carry a loss mask. 1 (text only, no mask) still reads.
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
+# A record of masked data: its int32 token ids, then one bit a token (1 = trained), little bit order,
+# padded to a whole byte. meta.json's "loss_mask" names this layout; null means tokens alone (all trained).
+LOSS_MASK_BITS = "bits-after-tokens"
+MASK_BIT_ORDER = "little"
+FAIL, SKIP = "fail", "skip"
+ON_BAD_ROW = (FAIL, SKIP)
 META_FILE = contract.PREPARED_MARKER_FILE  # written last: its presence marks the output complete
 LENGTHS_FILE = "lengths.npy"
 TOKEN_DTYPE = np.dtype("<i4")
@@ -45,8 +57,6 @@ _READ_BYTES = 1 << 20
 # Text tokenized per call: large enough to keep the tokenizer threads busy, small enough to bound memory.
 _ENCODE_BATCH_CHARS = 1 << 20
 _SHARD_BYTES = 128 << 20
-# A "document" this long means the separator never occurs where the user thinks it does.
-_MAX_DOCUMENT_CHARS = 64 << 20
 # --tokenizer official: the Gemma 3 tokenizer, which the trainer uses for every model but tiny.
 OFFICIAL = "official"
 _URL_SCHEMES = ("https://", "http://")
@@ -60,12 +70,16 @@ def _is_url(source: str) -> bool:
     return source.startswith(_URL_SCHEMES)
 
 
-def _source_identity(source: str, separator: str) -> dict:
-    """What makes a complete output one prepared from `source`: a local file's resolved path and
-    size; a URL itself, as what it serves cannot be known without downloading it, and a complete
-    output is reused without a download."""
+# What an output prepared before these options existed was prepared with.
+_IDENTITY_DEFAULTS = {"data_format": formats.AUTO, "loss_on": chat.COMPLETIONS}
+
+
+def _source_identity(source: str, options: dict) -> dict:
+    """What makes a complete output one prepared from `source` with `options` (separator, data format
+    and loss-on as asked for): a local file's resolved path and size; a URL itself, as what it serves
+    cannot be known without downloading it, and a complete output is reused without a download."""
     if _is_url(source):
-        return {"url": source, "separator": separator}
+        return {"url": source, **options}
     if "://" in source:
         raise UserError(
             f"--input {source}: not a local file or an http(s):// URL; read a gs:// object through a GCS FUSE "
@@ -74,7 +88,7 @@ def _source_identity(source: str, separator: str) -> dict:
     path = pathlib.Path(source)
     if not path.is_file():
         raise UserError(f"data file {path}: not found; pass an existing text file")
-    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "separator": separator}
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, **options}
 
 
 def _download(url: str, file, log) -> None:
@@ -123,59 +137,11 @@ def _local_file(source: str, download_dir, log):
         yield pathlib.Path(file.name)
 
 
-def read_documents(input_path: pathlib.Path, separator: str, *, name=None):
-    """Yields the documents of a UTF-8 text file, stripped, empty ones skipped. Streams the file
-    and raises UserError for a missing, empty, binary or non-UTF-8 file or one without `separator`,
-    naming the file as `name` (default: its path; the URL of a download)."""
-    if not separator:
-        raise UserError("--separator must not be empty; pass the string that ends each document")
-    if not input_path.is_file():
-        raise UserError(f"data file {input_path}: not found; pass an existing text file")
-    input_name = name or input_path
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-    pending, offset, separators, documents = "", 0, 0, 0
-    with input_path.open("rb") as data:
-        while True:
-            chunk = data.read(_READ_BYTES)
-            try:
-                text = decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as error:
-                raise UserError(
-                    f"data file {input_name}: not UTF-8 text (invalid byte near offset {offset + error.start}); "
-                    "convert it to UTF-8"
-                ) from None
-            if "\x00" in text:
-                raise UserError(f"data file {input_name}: binary content (NUL byte near offset {offset}); "
-                                "pass a UTF-8 text file")
-            offset += len(chunk)
-            parts = (pending + text).split(separator)
-            separators += len(parts) - 1
-            pending = parts.pop()
-            if len(pending) > _MAX_DOCUMENT_CHARS:
-                raise UserError(
-                    f"data file {input_name}: more than {_MAX_DOCUMENT_CHARS} characters without the separator "
-                    f"{separator!r} before offset {offset}; pass the --separator that ends each document"
-                )
-            for part in parts + ([] if chunk else [pending]):
-                if part.strip():
-                    documents += 1
-                    yield part.strip()
-            if not chunk:
-                break
-    if documents == 0:
-        raise UserError(f"data file {input_name}: no text in it; pass a file of documents separated by {separator!r}")
-    if separators == 0:
-        raise UserError(
-            f"data file {input_name}: the separator {separator!r} never occurs; end each document with it "
-            "(a single document too) or pass --separator"
-        )
-
-
 def _document_batches(documents, max_chars: int):
     batch, chars = [], 0
     for document in documents:
         batch.append(document)
-        chars += len(document)
+        chars += sum(len(piece.text) for piece in document)
         if chars >= max_chars:
             yield batch
             batch, chars = [], 0
@@ -216,23 +182,65 @@ class _ShardWriter:
         return self.shards
 
 
-def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: pathlib.Path, *, workers, shard_bytes,
-                    log):
+def _documents(rows, kind: str, *, loss_on: str, on_bad_row: str, name: str, refused: collections.Counter, first: list):
+    """The pieces (trainer.chat.Piece) of each usable row. A refused row is the error with --on-bad-row
+    fail; with skip it is counted by reason in `refused` (and the first kept in `first`)."""
+    for location, row in rows:
+        try:
+            if isinstance(row, formats.InvalidRow):
+                raise row
+            yield [chat.Piece(row.text, trained=True)] if kind == formats.TEXT else chat.render(row.messages, loss_on=loss_on)
+        except formats.InvalidRow as invalid:
+            if on_bad_row == FAIL:
+                raise UserError(f"data file {name} {location}: {invalid.reason} ({invalid.detail}); fix the row or "
+                                "pass --on-bad-row skip to leave such rows out") from None
+            refused[invalid.reason] += 1
+            first[:] = first or [f"{location}: {invalid.reason} ({invalid.detail})"]
+
+
+def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: pathlib.Path, *, on_bad_row, workers,
+                    shard_bytes, max_row_bytes, log):
+    name = source.get("url") or source["path"]
+    data_format = formats.detect(input_path, source["data_format"], name=name)
+    kind = formats.kind_of(data_format)
+    loss_on = chat.ALL if kind == formats.TEXT else source["loss_on"]
+    masked = loss_on == chat.COMPLETIONS
     lengths = array.array("i")
+    refused, first_refused = collections.Counter(), []
     writer = _ShardWriter(directory, shard_bytes, log)
     try:
-        documents = read_documents(input_path, source["separator"], name=source.get("url"))
+        rows = formats.read_rows(input_path, data_format, name=name, separator=source["separator"],
+                                 max_row_bytes=max_row_bytes)
+        documents = _documents(rows, kind, loss_on=loss_on, on_bad_row=on_bad_row, name=name, refused=refused,
+                               first=first_refused)
         for batch in _document_batches(documents, _ENCODE_BATCH_CHARS):
-            for ids in tokenizer.encode_batch(batch, threads=workers):
+            for ids, trained in chat.tokenize(tokenizer, batch, threads=workers):
                 ids.append(tokenizer.eos_id)
-                writer.write(np.asarray(ids, dtype=TOKEN_DTYPE).tobytes())
+                trained.append(trained[-1])  # EOS is trained after a trained end (a model turn, or text)
+                record = np.asarray(ids, dtype=TOKEN_DTYPE).tobytes()
+                if masked:
+                    record += np.packbits(np.asarray(trained, bool), bitorder=MASK_BIT_ORDER).tobytes()
+                writer.write(record)
                 lengths.append(len(ids))
     finally:
         shards = writer.close()
+    skipped = sum(refused.values())
+    if not lengths:
+        if skipped:
+            raise UserError(f"data file {name}: all {skipped} rows are bad ({_counts(refused)}); the first, "
+                            f"{first_refused[0]}; fix the rows or pass another file")
+        raise UserError(f"data file {name}: no rows in it; pass a file of rows ({data_format})")
+    if skipped:
+        log(f"skipped {skipped} bad rows of {skipped + len(lengths)} (--on-bad-row skip): {_counts(refused)}")
     np.save(directory / LENGTHS_FILE, np.frombuffer(lengths, dtype=np.int32))
     meta = {
         "format": FORMAT_VERSION,
         "source": source,
+        "data_format": data_format,
+        "loss_on": loss_on,
+        "loss_mask": LOSS_MASK_BITS if masked else None,
+        "rows": skipped + len(lengths),
+        "skipped_rows": dict(sorted(refused.items())),
         "tokenizer": {
             "path": tokenizer.path,
             "sha256": tokenizer.sha256,
@@ -252,6 +260,10 @@ def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: p
     return meta
 
 
+def _counts(refused: collections.Counter) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in sorted(refused.items()))
+
+
 def read_meta(directory) -> dict:
     """The meta of a complete prepared directory; UserError naming the directory otherwise."""
     directory = pathlib.Path(directory)
@@ -262,9 +274,9 @@ def read_meta(directory) -> dict:
             f"{directory}: not a complete prepared dataset (no readable {META_FILE}); "
             "prepare it with `python -m trainer.prepare` or remove it"
         ) from None
-    if meta.get("format") != FORMAT_VERSION:
-        raise UserError(f"{directory}: prepared with format {meta.get('format')}, this trainer reads format "
-                        f"{FORMAT_VERSION}; prepare it again")
+    if meta.get("format") not in READABLE_FORMATS:
+        raise UserError(f"{directory}: prepared with format {meta.get('format')}, this trainer reads formats "
+                        f"{', '.join(map(str, READABLE_FORMATS))}; prepare it again into another directory")
     missing = [f for f in [meta["lengths_file"]] + [s["file"] for s in meta["shards"]] if not (directory / f).is_file()]
     if missing:
         raise UserError(f"{directory}: incomplete prepared dataset, missing {', '.join(missing)}; prepare it again")
@@ -279,21 +291,30 @@ def _check_reusable(meta: dict, directory: pathlib.Path, tokenizer: Tokenizer, s
         )
     # The meta records more than the identity (the size of a download); only the identity must match.
     prepared_from = meta["source"]
-    if {key: prepared_from.get(key) for key in source} != source:
+    if {key: prepared_from.get(key, _IDENTITY_DEFAULTS.get(key)) for key in source} != source:
         raise UserError(
             f"{directory}: already prepared from {prepared_from.get('url', prepared_from.get('path'))} "
-            f"({prepared_from['bytes']} bytes, separator {prepared_from['separator']!r}); "
+            f"({prepared_from['bytes']} bytes, separator {prepared_from['separator']!r}, --data-format "
+            f"{prepared_from.get('data_format', formats.AUTO)}, --loss-on {prepared_from.get('loss_on', chat.COMPLETIONS)}); "
             "remove it or pass another --output"
         )
 
 
-def prepare(source, tokenizer_path, output_dir, *, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES,
-            download_dir=None, log=lambda message: None) -> dict:
+def prepare(source, tokenizer_path, output_dir, *, data_format=formats.AUTO, loss_on=chat.COMPLETIONS,
+            on_bad_row=FAIL, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES, download_dir=None,
+            max_row_bytes=formats.MAX_ROW_BYTES, log=lambda message: None) -> dict:
     """Tokenizes `source` (a local file or an http(s):// URL) into `output_dir` (see the module
-    docstring) and returns its meta. `workers` tokenizer threads; shards of about `shard_bytes` of
-    token ids; a URL is downloaded into `download_dir`; `log` gets progress lines."""
+    docstring) and returns its meta. `data_format` (trainer.formats; auto detects it), `loss_on`
+    (trainer.chat: completions trains a chat's model turns only), `on_bad_row` (fail or skip);
+    `workers` tokenizer threads; shards of about `shard_bytes` of token ids; a URL is downloaded into
+    `download_dir`; `log` gets progress lines."""
     source, output_dir = str(source), pathlib.Path(output_dir)
-    identity = _source_identity(source, separator)
+    if data_format not in formats.DATA_FORMATS:
+        raise UserError(f"--data-format {data_format}: unknown; choose from {', '.join(formats.DATA_FORMATS)}")
+    if loss_on not in chat.LOSS_ON or on_bad_row not in ON_BAD_ROW:
+        raise UserError(f"--loss-on {loss_on} / --on-bad-row {on_bad_row}: choose --loss-on from "
+                        f"{', '.join(chat.LOSS_ON)} and --on-bad-row from {', '.join(ON_BAD_ROW)}")
+    identity = _source_identity(source, {"separator": separator, "data_format": data_format, "loss_on": loss_on})
     tokenizer = load_tokenizer(tokenizer_path)
     if output_dir.exists() and not output_dir.is_dir():
         raise UserError(f"--output {output_dir}: is a file; pass a directory path")
@@ -307,8 +328,8 @@ def prepare(source, tokenizer_path, output_dir, *, separator=SEPARATOR, workers=
         try:
             with replaced_atomically(output_dir) as partial:  # replaces an empty output_dir, not a complete one
                 partial.mkdir()
-                return _write_prepared(input_path, recorded, tokenizer, partial, workers=workers,
-                                       shard_bytes=shard_bytes, log=log)
+                return _write_prepared(input_path, recorded, tokenizer, partial, on_bad_row=on_bad_row,
+                                       workers=workers, shard_bytes=shard_bytes, max_row_bytes=max_row_bytes, log=log)
         except OSError:
             if not (output_dir / META_FILE).is_file():
                 raise
@@ -327,10 +348,20 @@ def _tokenizer_path(tokenizer: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.prepare",
-        description="Tokenize a text corpus once into sharded ArrayRecord files for the trainer's --data.",
+        description="Tokenize a dataset once into sharded ArrayRecord files for the trainer's --data.",
     )
     parser.add_argument("--input", required=True,
-                        help="UTF-8 text of documents, each ended by the separator: a local file or an http(s):// URL")
+                        help="a local file or an http(s):// URL: UTF-8 text of documents each ended by the separator, "
+                             "JSON Lines (.jsonl) or Parquet (.parquet) of text, chat or prompt/response rows")
+    parser.add_argument("--data-format", choices=formats.DATA_FORMATS, default=formats.AUTO,
+                        help="what --input holds; auto: by its extension and first row's keys (default auto)")
+    parser.add_argument("--loss-on", choices=chat.LOSS_ON, default=chat.COMPLETIONS,
+                        help="for chat and prompt/response rows: train on the model's turns only (completions) "
+                             "or on every token (all); text is trained on whole (default completions)")
+    parser.add_argument("--on-bad-row", choices=ON_BAD_ROW, default=FAIL,
+                        help="a row that is not usable (not JSON, a key missing, an unknown role, empty, too long, "
+                             "no model turn to train on): stop with its line (fail) or leave it out and count it "
+                             "in meta.json (skip) (default fail)")
     parser.add_argument("--download-dir",
                         help="where a URL --input is downloaded for the run, then removed (default: the system's "
                              "temporary directory); it needs room for the whole file")
@@ -349,10 +380,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 @entry_point()
 def main(argv=None) -> int | None:
     args = parse_args(argv)
-    meta = prepare(args.input, _tokenizer_path(args.tokenizer), args.output, separator=args.separator,
+    meta = prepare(args.input, _tokenizer_path(args.tokenizer), args.output, data_format=args.data_format,
+                   loss_on=args.loss_on, on_bad_row=args.on_bad_row, separator=args.separator,
                    workers=args.workers, download_dir=args.download_dir,
                    log=lambda message: print(message, file=sys.stderr, flush=True))
-    print(f"{args.output}: {meta['documents']} documents, {meta['tokens']} tokens, {len(meta['shards'])} shards")
+    skipped = sum(meta.get("skipped_rows", {}).values())
+    print(f"{args.output}: {meta.get('data_format', formats.TEXT)}, {meta['documents']} documents, {meta['tokens']} "
+          f"tokens, {len(meta['shards'])} shards" + (f", {skipped} bad rows skipped" if skipped else ""))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import pathlib
 import sentencepiece as spm
 from etils import epath
 
+from trainer import chat, formats
+from trainer.corpus import SEPARATOR
 from trainer.errors import UserError
 from trainer.shared_files import replaced_atomically
 
@@ -20,7 +22,7 @@ PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 _MAX_TRAINING_LINES = 300_000
 
 
-def _training_lines(corpus_path: pathlib.Path, separator: str):
+def _text_lines(corpus_path: pathlib.Path, separator: str):
     with corpus_path.open(encoding="utf-8") as corpus:
         for line in corpus:
             line = line.replace(separator, "").strip()
@@ -28,19 +30,41 @@ def _training_lines(corpus_path: pathlib.Path, separator: str):
                 yield line
 
 
-def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: int = 0) -> pathlib.Path:
+def _row_lines(corpus_path: pathlib.Path, data_format: str):
+    """The lines of each usable row: a text row's, or a conversation's as rendered (turn markers included)."""
+    for _, row in formats.read_rows(corpus_path, data_format, name=str(corpus_path), separator=SEPARATOR):
+        if isinstance(row, formats.InvalidRow):
+            continue
+        try:
+            text = row.text if row.messages is None else chat.text_of(chat.render(row.messages, loss_on=chat.ALL))
+        except formats.InvalidRow:
+            continue
+        yield from (line.strip() for line in text.splitlines() if line.strip())
+
+
+def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: int = 0,
+                    data_format: str = formats.AUTO) -> pathlib.Path:
     """Trains a BPE SentencePiece model with byte fallback on the lines of `corpus_path` (the
     document separator left out) and writes it to `output_path`. The same corpus and seed give
-    the same file."""
-    from trainer.corpus import SEPARATOR
-
+    the same file. For chat data (`data_format` auto on a chat file, or a chat format) the turn
+    markers are single pieces and text is kept as written (no space added before it, whitespace
+    not normalised), so that chat pieces tokenized apart join into the rendered conversation."""
     corpus_path, output_path = pathlib.Path(corpus_path), pathlib.Path(output_path)
     if not corpus_path.is_file():
         raise UserError(f"{corpus_path}: corpus file not found; pass an existing text file to train a tokenizer")
+    data_format = formats.detect(corpus_path, data_format, name=str(corpus_path))
+    if data_format == formats.TEXT:
+        lines, options = _text_lines(corpus_path, SEPARATOR), {}
+    else:
+        lines = _row_lines(corpus_path, data_format)
+        options = {}
+        if formats.kind_of(data_format) != formats.TEXT:
+            options = dict(user_defined_symbols=list(chat.TURN_TOKENS), normalization_rule_name="identity",
+                           add_dummy_prefix=False, remove_extra_whitespaces=False)
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=_training_lines(corpus_path, SEPARATOR),
+        sentence_iterator=lines,
         model_writer=model,
         vocab_size=vocab_size,
         model_type="bpe",
@@ -53,6 +77,7 @@ def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: in
         input_sentence_size=_MAX_TRAINING_LINES,
         shuffle_input_sentence=True,
         minloglevel=2,
+        **options,
     )
     with replaced_atomically(output_path) as temporary:
         temporary.write_bytes(model.getvalue())

@@ -51,3 +51,41 @@ def tokenized_data(prepared_dir, tokenizer_path, trainer_inputs_dir):
     from trainer.data import open_data
 
     return open_data(str(prepared_dir), tokenizer_path=str(tokenizer_path), cache_dir=str(trainer_inputs_dir / "cache"))
+
+
+# Conversations of the generated chat corpus (trainer.chat_corpus): ~35 tokens each.
+NUM_CONVERSATIONS = 300
+
+
+@pytest.fixture(scope="session")
+def chat_corpus_path(trainer_inputs_dir) -> pathlib.Path:
+    """JSONL chat rows ({"messages": [...]}, a system message in some)."""
+    from trainer.chat_corpus import write_chat_corpus
+
+    return write_chat_corpus(trainer_inputs_dir / "chat.jsonl", num_conversations=NUM_CONVERSATIONS, seed=0)
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer_path(trainer_inputs_dir, chat_corpus_path) -> pathlib.Path:
+    """A SentencePiece model trained for chat: <start_of_turn> and <end_of_turn> are single pieces."""
+    from trainer.tokenizer import train_tokenizer
+
+    return train_tokenizer(chat_corpus_path, trainer_inputs_dir / "chat_tokenizer.model", vocab_size=VOCAB_SIZE, seed=0)
+
+
+@pytest.fixture(scope="session")
+def chat_prepared_dir(trainer_inputs_dir, chat_corpus_path, chat_tokenizer_path) -> pathlib.Path:
+    """The chat corpus prepared with loss on completions (records carry their loss mask)."""
+    from trainer.prepare import prepare
+
+    output_dir = trainer_inputs_dir / "chat_prepared"
+    prepare(chat_corpus_path, chat_tokenizer_path, output_dir)
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def chat_data(chat_prepared_dir, chat_tokenizer_path, trainer_inputs_dir):
+    from trainer.data import open_data
+
+    return open_data(str(chat_prepared_dir), tokenizer_path=str(chat_tokenizer_path),
+                     cache_dir=str(trainer_inputs_dir / "cache"))

@@ -11,11 +11,12 @@ import threading
 import numpy as np
 import pytest
 
-from trainer import contract, prepare as prepare_lib
+from trainer import contract, formats, prepare as prepare_lib
 from trainer.corpus import SEPARATOR
 from trainer.data import open_data
 from trainer.errors import UserError
-from trainer.prepare import main, prepare, read_documents
+from trainer.formats import read_documents
+from trainer.prepare import main, prepare
 from trainer.tokenizer import load_tokenizer, train_tokenizer
 
 
@@ -89,7 +90,7 @@ def test_documents_split_across_read_chunks_come_out_whole(tmp_path, monkeypatch
     stories = ["Größe the café cat 🐈 sat.", "  Ben ran.\n\nThen he slept.  ", "Ünïcode at the end é"]
     path = tmp_path / "stories.txt"
     path.write_text("".join(f"{story}\n{SEPARATOR}\n" for story in stories), encoding="utf-8")
-    monkeypatch.setattr(prepare_lib, "_READ_BYTES", 5)
+    monkeypatch.setattr(formats, "_READ_BYTES", 5)
     assert list(read_documents(path, SEPARATOR)) == [story.strip() for story in stories]
 
 
@@ -102,7 +103,7 @@ def test_documents_are_streamed_not_read_whole(tmp_path, monkeypatch):
     assert next(documents) == "first story"
     with pytest.raises(UserError, match="not UTF-8"):
         next(documents)
-    monkeypatch.setattr(prepare_lib, "_MAX_DOCUMENT_CHARS", 1 << 20)
+    monkeypatch.setattr(formats, "_MAX_DOCUMENT_CHARS", 1 << 20)
     with pytest.raises(UserError, match="without the separator"):
         list(read_documents(path, SEPARATOR))
 
@@ -207,7 +208,8 @@ def test_a_url_is_downloaded_prepared_like_the_file_and_not_downloaded_again(
     assert main(argv) == contract.OK
     assert all(np.array_equal(a, b) for a, b in zip(_records(output), _records(prepared_dir), strict=True))
     source = prepare_lib.read_meta(output)["source"]
-    assert source == {"url": url, "separator": SEPARATOR, "bytes": corpus_path.stat().st_size}
+    assert source == {"url": url, "separator": SEPARATOR, "data_format": "auto", "loss_on": "completions",
+                      "bytes": corpus_path.stat().st_size}
     assert list(downloads.iterdir()) == []  # the download was for this run only
     capsys.readouterr()
     assert main(argv) == contract.OK

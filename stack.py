@@ -8,19 +8,19 @@ import pulumi
 from infra.config import StackConfig
 from infra.image import TrainerImage
 from infra.jobset import JOBSET_VERSION
+from infra.kueue import KUEUE_VERSION
 from infra.platform import Platform, build
 from infra.pricing import tpu_cost_per_hour
-from workloads.deploy import TrainingRun
+from workloads.deploy import TrainingRun, training_runs
 
 
-def deploy_run(platform: Platform) -> TrainingRun:
+def deploy_runs(platform: Platform) -> list[TrainingRun]:
     """The trainer image (built into the stack's registry unless `gemma-tpu:image` names one) and
-    the training run on it: data preparation, then training once the TPU pools exist."""
+    the training runs on it: data preparation, then training once the TPU pools (and the queue) exist."""
     config = platform.config
     image = TrainerImage("trainer-image", config=config, repository_url=platform.registry_url)
-    return TrainingRun(
-        "training",
-        config=config,
+    return training_runs(
+        config,
         image=image.ref,
         provider=platform.kubernetes_provider,
         namespace=platform.namespace,
@@ -28,11 +28,31 @@ def deploy_run(platform: Platform) -> TrainingRun:
         preparation_service_account=platform.preparation_service_account,
         jobset_install=platform.jobset_install,
         after=platform.identity_bindings,
-        training_after=platform.tpu_pools.pools,
+        training_after=[*platform.tpu_pools.pools, *platform.queue_objects],
     )
 
 
-def export_outputs(platform: Platform, run: TrainingRun) -> None:
+def export_run_outputs(config: StackConfig, runs: list[TrainingRun]) -> None:
+    """One run: its name and commands as top-level outputs. A run list: `runs`, each run's by name,
+    and the queue's status line."""
+    if not config.run_list:
+        (run,) = runs
+        pulumi.export("trainingRun", run.run_name)
+        pulumi.export("trainingStatus", run.status_command)
+        pulumi.export("trainingLogs", run.logs_command)
+        pulumi.export("tensorboardDir", run.tensorboard_dir)
+    else:
+        pulumi.export("runs", {
+            run_config.name: {"runName": run.run_name, "status": run.status_command, "logs": run.logs_command,
+                              "tensorboardDir": run.tensorboard_dir}
+            for run_config, run in zip(config.runs, runs)
+        })  # fmt: skip
+    if config.queue.enabled:
+        pulumi.export("kueueVersion", KUEUE_VERSION)
+        pulumi.export("queueStatus", f"kubectl get workloads -n {config.namespace}")
+
+
+def export_outputs(platform: Platform, runs: list[TrainingRun]) -> None:
     """The stack outputs a user reads with `pulumi stack output`."""
     config = platform.config
     cluster = platform.cluster.cluster
@@ -67,10 +87,7 @@ def export_outputs(platform: Platform, run: TrainingRun) -> None:
         },
     )
     pulumi.export("tpuCostPerHourUsd", tpu_cost_per_hour(config))
-    pulumi.export("trainingRun", run.run_name)
-    pulumi.export("trainingStatus", run.status_command)
-    pulumi.export("trainingLogs", run.logs_command)
-    pulumi.export("tensorboardDir", run.tensorboard_dir)
+    export_run_outputs(config, runs)
     if platform.monitoring:
         pulumi.export("dashboardUrl", platform.monitoring.dashboard_url)
 
@@ -78,4 +95,4 @@ def export_outputs(platform: Platform, run: TrainingRun) -> None:
 def declare_stack(config: StackConfig) -> None:
     """The whole stack: the platform, then what runs on it, then the outputs."""
     platform = build(config)
-    export_outputs(platform, deploy_run(platform))
+    export_outputs(platform, deploy_runs(platform))

@@ -118,6 +118,8 @@ class GkeCluster(Component):
                 dns_endpoint_config=gcp.container.ClusterControlPlaneEndpointsConfigDnsEndpointConfigArgs(allow_external_traffic=True),
             ),
             release_channel=gcp.container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
+            # gemma-tpu:cluster.version: a floor within the channel (checked in config for what needs it).
+            min_master_version=config.cluster_version,
             maintenance_policy=gcp.container.ClusterMaintenancePolicyArgs(
                 recurring_window=gcp.container.ClusterMaintenancePolicyRecurringWindowArgs(
                     start_time=start.strftime(_RFC3339), end_time=end.strftime(_RFC3339),

@@ -11,7 +11,7 @@ import ipaddress
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from infra import names, tpu
@@ -34,6 +34,12 @@ TINYSTORIES_URL = (
 # node's boot disk (100 GB by default), beside the image.
 DATA_CACHE_GIB_DEFAULT = 20
 DATA_CACHE_GIB_MAX = 1000
+# The cache volume is larger than the cache (the GCS FUSE driver's troubleshooting guide: a cache as
+# large as its volume fails with "no space left on device"), and the trainer container has room of
+# its own (logs, /tmp) besides; a training pod's ephemeral-storage request covers both, so the
+# scheduler and Autopilot give the pod that much disk (and Kueue counts it).
+CACHE_HEADROOM_GIB = 1
+TRAINER_SCRATCH_GIB = 2
 # Kubernetes names (DNS-1123 labels); a run name's limit depends on the names derived from it (infra.names).
 _DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -52,6 +58,26 @@ ALERT_MINUTES = (5, 24 * 60)
 PREPARATION_SUFFIX = "-prep"
 _SERVICE_ACCOUNT_SUFFIXES = ("-nodes", "-train", PREPARATION_SUFFIX)
 STACK_NAME_MAX = 30 - len("gemma-") - max(len(suffix) for suffix in _SERVICE_ACCOUNT_SUFFIXES)
+# Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from). A
+# reservation has none on a node pool bound to it: `cloud.google.com/reservation-name` is set on
+# auto-provisioned and Autopilot nodes only, so reserved pods select their node pools instead.
+_CAPACITY_SELECTORS = {
+    "on-demand": {},
+    "spot": {"cloud.google.com/gke-spot": "true"},
+    "flex-start": {"cloud.google.com/gke-flex-start": "true"},
+    "reservation": {},
+}
+
+
+# Run priorities (gemma-tpu:runs[].priority): each is a Kueue WorkloadPriorityClass of this value.
+# A higher one is admitted first and may preempt a lower one (which resumes from its checkpoint).
+PRIORITIES = {"high": 1000, "normal": 100, "low": 10}
+# Flex-start TPU nodes through queued provisioning (Kueue's ProvisioningRequest admission check)
+# need this GKE version (cloud.google.com/kubernetes-engine/docs/how-to/tpu-flex-start ...).
+FLEX_START_QUEUED_MIN_GKE = "1.33.0-gke.1712000"
+_GKE_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
+# Keys a run of gemma-tpu:runs sets besides the training keys.
+_RUN_KEYS = ("name", "priority", "slices", "accelerator", "topology")
 # Keys an earlier version of this schema had, and where their setting lives now.
 MOVED_KEYS = {f"{PROJECT}:cluster.deletionProtection": f"{PROJECT}:protect"}
 
@@ -174,6 +200,28 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run on the stack's TPUs: its settings, its priority in the queue and how many
+    of the stack's slices it takes."""
+
+    training: TrainingConfig
+    priority: str  # a key of PRIORITIES
+    slices: int  # at most the stack's gemma-tpu:tpu.slices
+
+    @property
+    def name(self) -> str:
+        return self.training.run_name
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueConfig:
+    """Kueue in front of the TPUs: runs wait in a queue whose TPU quota is the pools' capacity."""
+
+    enabled: bool
+    tpu_quota: int  # google.com/tpu chips the queue admits at once; the pools' capacity by default
+
+
+@dataclass(frozen=True, kw_only=True)
 class StackConfig:
     stack: str
     project: str
@@ -195,7 +243,10 @@ class StackConfig:
     protect: bool  # GKE deletion protection and Pulumi `protect` on the cluster, buckets and registry
     # The fallback if the TPU device files are not readable by the image's non-root user (docs/workloads.md).
     trainer_runs_as_root: bool
-    training: TrainingConfig
+    cluster_version: str | None  # the control plane's minimum GKE version; None: the channel's default
+    runs: tuple[RunConfig, ...]  # gemma-tpu:runs, or the one run of gemma-tpu:training
+    run_list: bool  # the runs come from gemma-tpu:runs
+    queue: QueueConfig
     monitoring: MonitoringConfig
 
     @property
@@ -229,9 +280,38 @@ class StackConfig:
         return self.slice.hosts * self.tpu.slices
 
     @property
+    def training_pod_disk_gib(self) -> int:
+        """Each training pod's ephemeral-storage request: the data cache's volume and the trainer's room."""
+        return self.data_cache_gib + CACHE_HEADROOM_GIB + TRAINER_SCRATCH_GIB
+
+    @property
+    def tpu_node_selector(self) -> dict[str, str]:
+        """The node labels a training pod selects: the slice's shape and the capacity type. Queued
+        provisioning pools are flex-start pools of their own, which the pods select by name (GKE's
+        queued provisioning examples do), not by a capacity label."""
+        capacity = {} if self.queued_provisioning else _CAPACITY_SELECTORS[self.tpu.capacity]
+        return {**self.slice.node_selector, **capacity}
+
+    @property
+    def tpu_capacity_chips(self) -> int:
+        """TPU chips the stack can hold at once: every pool at its largest (on Autopilot, where GKE
+        makes the nodes, the slices the stack is sized for)."""
+        return capacity_chips(self.slice, self.tpu.slices)
+
+    @property
+    def queued_provisioning(self) -> bool:
+        """Flex-start nodes asked for by Kueue when a run is admitted (GKE queued provisioning)."""
+        return self.queue.enabled and self.tpu.capacity == "flex-start"
+
+    @property
     def cluster_location(self) -> str:
         """Standard clusters are zonal (compact placement needs one zone); Autopilot is regional."""
         return self.zone if self.cluster_mode == "standard" else self.region
+
+
+def capacity_chips(slice_spec: SliceSpec, slices: int) -> int:
+    """TPU chips `slices` slices of the shape hold: what a run of them requests, and a pool set's capacity."""
+    return slice_spec.chips * slices
 
 
 class _Section:
@@ -302,6 +382,14 @@ class _Section:
             raise ConfigError(f"{self.key(name)} must be true or false, got {value!r}")
         return value
 
+    def written(self) -> dict[str, Any]:
+        """The section's keys and values as written in the stack file."""
+        return dict(self._values)
+
+    def raw(self, name: str) -> Any:
+        """The value as written (None when unset), for values that are neither scalars nor mappings."""
+        return self._get(name, None)
+
     def section(self, name: str) -> "_Section":
         return _Section(self.key(name), self._get(name, None))
 
@@ -343,9 +431,12 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     protect = top.flag(f"{PROJECT}:protect", False)
     trainer_runs_as_root = top.flag(f"{PROJECT}:trainerRunsAsRoot", False)
     training_section = top.section(f"{PROJECT}:training")
+    runs_value = top.raw(f"{PROJECT}:runs")
+    queue_section = top.section(f"{PROJECT}:queue")
     monitoring_section = top.section(f"{PROJECT}:monitoring")
 
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
+    cluster_version = cluster.text("version", "") or None
     access = _parse_access(cluster)
     network_section = top.section(f"{PROJECT}:network")
     network = _parse_network(network_section)
@@ -362,8 +453,10 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     keep_artifacts = storage.flag("keepArtifacts", True)
     data_cache_gib = storage.integer("dataCacheGiB", DATA_CACHE_GIB_DEFAULT, minimum=1, maximum=DATA_CACHE_GIB_MAX)
     training = _parse_training(training_section)
+    queue_enabled = queue_section.flag("enabled", False)
+    tpu_quota = queue_section.integer("tpuQuota", None, minimum=1)
     monitoring = _parse_monitoring(monitoring_section)
-    for section in (top, cluster, tpu_section, storage, training_section, network_section, monitoring_section):
+    for section in (top, cluster, tpu_section, storage, training_section, queue_section, network_section, monitoring_section):
         section.reject_unknown()
 
     # Values are well-typed and every key is known: now the checks that span keys.
@@ -388,13 +481,16 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         raise ConfigError(f"{PROJECT}:image {image!r} is not an image URI; leave it empty to build trainer/")
     _check_dns_label(f"{PROJECT}:namespace", namespace, 63)
     _check_dns_label(f"{PROJECT}:serviceAccount", service_account, 63 - len(PREPARATION_SUFFIX))
-    _check_run_name(training_section.key("runName"), training.run_name, tpu_config, slice_spec)
-    total_hosts = slice_spec.hosts * tpu_config.slices
-    if training.batch_size % total_hosts:
-        raise ConfigError(
-            f"{training_section.key('batchSize')} is {training.batch_size}; it must be divisible by the "
-            f"{total_hosts} hosts of {tpu_config.slices} x {slice_spec.topology} slices (each host loads an equal share)"
-        )
+    if cluster_version is not None:
+        _check_cluster_version(cluster.key("version"), cluster_version, tpu_config, queue_enabled)
+    if runs_value is None:
+        runs = (RunConfig(training=training, priority="normal", slices=tpu_config.slices),)
+        _check_run(training_section, runs[0], tpu_config, slice_spec, name_key="runName")
+    else:
+        runs = _parse_runs(runs_value, training_section, tpu_config, slice_spec)
+    capacity = capacity_chips(slice_spec, tpu_config.slices)
+    queue = QueueConfig(enabled=queue_enabled, tpu_quota=capacity if tpu_quota is None else tpu_quota)
+    _check_queue(queue_section, queue, runs, slice_spec, capacity)
     return StackConfig(
         stack=stack,
         project=project,
@@ -415,12 +511,105 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         service_account=service_account,
         protect=protect,
         trainer_runs_as_root=trainer_runs_as_root,
-        training=training,
+        cluster_version=cluster_version,
+        runs=runs,
+        run_list=runs_value is not None,
+        queue=queue,
         monitoring=monitoring,
     )
 
 
-def _parse_training(section: _Section) -> TrainingConfig:
+def _parse_runs(value: Any, training_section: _Section, tpu_config: TpuConfig, slice_spec: SliceSpec) -> tuple[RunConfig, ...]:
+    """gemma-tpu:runs: a list of runs, each the gemma-tpu:training settings (already checked) with
+    its own keys over them."""
+    key = f"{PROJECT}:runs"
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{key} must be a list of runs, each a mapping with a name, got {value!r}")
+    shared = training_section.written()
+    if "runName" in shared:
+        raise ConfigError(
+            f"{training_section.key('runName')} names the single run of a stack without {key}; "
+            f"with {key}, give each run its name there (name: ...) and remove runName"
+        )
+    runs, seen = [], {}
+    for index, run_values in enumerate(value):
+        if not isinstance(run_values, Mapping):
+            raise ConfigError(f"{key}[{index}] must be a mapping of a run's keys (name, priority, training keys), got {run_values!r}")
+        section = _Section(f"{key}[{index}]", {**shared, **run_values})
+        if not section.text("name", ""):
+            raise ConfigError(f"{section.key('name')} is required: give the run a name (a-z, 0-9, -)")
+        for name, stack_value in (("accelerator", tpu_config.accelerator), ("topology", tpu_config.topology)):
+            asked = section.text(name, stack_value)
+            if asked != stack_value:
+                raise ConfigError(
+                    f"{section.key(name)} is {asked!r}, but the stack's TPU pools are {tpu_config.accelerator} "
+                    f"{tpu_config.topology} ({PROJECT}:tpu); run it on a stack with such pools or remove the key"
+                )
+        run = RunConfig(
+            training=_parse_training(section, name_key="name"),
+            priority=section.text("priority", "normal", tuple(PRIORITIES)),
+            slices=section.integer("slices", tpu_config.slices, minimum=1, maximum=tpu_config.slices),
+        )
+        section.reject_unknown()
+        if run.name in seen:
+            raise ConfigError(f"{section.key('name')} {run.name!r} is also {key}[{seen[run.name]}].name; give each run its own name")
+        seen[run.name] = index
+        _check_run(section, run, tpu_config, slice_spec, name_key="name")
+        runs.append(run)
+    return tuple(runs)
+
+
+def _check_run(section: _Section, run: RunConfig, tpu_config: TpuConfig, slice_spec: SliceSpec, *, name_key: str) -> None:
+    run_tpu = replace(tpu_config, slices=run.slices)
+    _check_run_name(section.key(name_key), run.name, run_tpu, slice_spec)
+    hosts = slice_spec.hosts * run.slices
+    if run.training.batch_size % hosts:
+        raise ConfigError(
+            f"{section.key('batchSize')} is {run.training.batch_size}; it must be divisible by the "
+            f"{hosts} hosts of {run.slices} x {slice_spec.topology} slices (each host loads an equal share)"
+        )
+
+
+def _check_queue(section: _Section, queue: QueueConfig, runs: tuple[RunConfig, ...], slice_spec: SliceSpec, capacity: int) -> None:
+    if len(runs) > 1 and not queue.enabled:
+        raise ConfigError(
+            f"{PROJECT}:runs holds {len(runs)} runs on one set of TPU pools; set {section.key('enabled')} true so that "
+            "Kueue admits them in turn (each whole or not at all)"
+        )
+    if queue.tpu_quota > capacity:
+        raise ConfigError(
+            f"{section.key('tpuQuota')} is {queue.tpu_quota} chips, over the {capacity} chips the stack's TPU pools hold; "
+            f"set at most {capacity} (or leave it unset: the pools' capacity)"
+        )
+    for run in runs:
+        needs = capacity_chips(slice_spec, run.slices)
+        if needs > queue.tpu_quota:
+            raise ConfigError(
+                f"{section.key('tpuQuota')} is {queue.tpu_quota} chips, but run {run.name!r} needs {needs} "
+                f"({run.slices} x {slice_spec.topology}) and would never be admitted; raise the quota or give the run fewer slices"
+            )
+
+
+def _gke_version(text: str) -> tuple[int, ...] | None:
+    match = _GKE_VERSION.match(text)
+    return None if match is None else tuple(int(part) for part in match.groups() if part is not None)
+
+
+def _check_cluster_version(key: str, version: str, tpu_config: TpuConfig, queue_enabled: bool) -> None:
+    parsed = _gke_version(version)
+    if parsed is None:
+        raise ConfigError(f"{key} is {version!r}; give a GKE version such as 1.33 or 1.33.5-gke.1080000 (or leave it unset)")
+    if queue_enabled and tpu_config.capacity == "flex-start":
+        floor = _gke_version(FLEX_START_QUEUED_MIN_GKE)
+        # A shorter version (1.33) is any release of it: compare the parts it gives.
+        if parsed < floor[: len(parsed)]:
+            raise ConfigError(
+                f"{key} is {version}, but flex-start TPU nodes through Kueue's queued provisioning need GKE "
+                f"{FLEX_START_QUEUED_MIN_GKE} or later; raise it or leave it unset (the release channel's default)"
+            )
+
+
+def _parse_training(section: _Section, *, name_key: str = "runName") -> TrainingConfig:
     by_key = {option.key: option for option in TRAINER_OPTIONS}
     weights = _read_option(section, by_key["weights"])
     if weights not in WEIGHTS and not weights.startswith("gs://"):
@@ -442,7 +631,7 @@ def _parse_training(section: _Section) -> TrainingConfig:
         dataset=dataset,
         max_restarts=section.integer("maxRestarts", 10, minimum=0),
         profiling=section.flag("profiling", False),
-        run_name=section.text("runName", "gemma-finetune"),
+        run_name=section.text(name_key, "gemma-finetune"),
     )
 
 

@@ -1,5 +1,5 @@
 """The platform of one stack as a function of its config: APIs, cluster, TPU pools, buckets,
-identity, registry, the JobSet controller and monitoring, grouped as the `Platform` that what runs on it
+identity, registry, the JobSet controller, the Kueue queue and monitoring, grouped as the `Platform` that what runs on it
 (stack.py: the trainer image and the training run) builds on."""
 
 from dataclasses import dataclass
@@ -13,6 +13,7 @@ from infra.cluster import GkeCluster
 from infra.config import StackConfig
 from infra.identity import TrainingIdentity
 from infra.jobset import JobSetController
+from infra.kueue import KueueQueue
 from infra.monitoring import Monitoring
 from infra.network import StackNetwork
 from infra.registry import Registry
@@ -34,6 +35,7 @@ class Platform:
     identity: TrainingIdentity
     registry: Registry
     jobset: JobSetController
+    queue: KueueQueue | None  # None without gemma-tpu:queue.enabled
     monitoring: Monitoring | None  # None with gemma-tpu:monitoring.enabled false
 
     @property
@@ -64,6 +66,11 @@ class Platform:
         return self.jobset.install
 
     @property
+    def queue_objects(self) -> list[pulumi.Resource]:
+        """Queued runs are created after these: their LocalQueue and what it admits with."""
+        return self.queue.objects if self.queue else []
+
+    @property
     def identity_bindings(self) -> list[pulumi.Resource]:
         """What pods wait for: their Google accounts' bucket roles and Workload Identity bindings."""
         return [*self.identity.training.bindings, *self.identity.preparation.bindings]
@@ -71,7 +78,7 @@ class Platform:
 
 def build(config: StackConfig) -> Platform:
     """Declare the infrastructure of one stack: APIs, cluster, TPU pools, buckets, identity,
-    registry, the JobSet controller and monitoring."""
+    registry, the JobSet controller, the queue and monitoring."""
     gcp_provider = gcp.Provider(
         "gcp", gcp.ProviderArgs(project=config.project, region=config.region, zone=config.zone)
     )
@@ -81,6 +88,8 @@ def build(config: StackConfig) -> Platform:
     network = StackNetwork("network", config, after=after_apis, opts=on_gcp)
     cluster = GkeCluster("cluster", config, network, after=after_apis, opts=on_gcp)
     buckets = Buckets("storage", config, after=after_apis, opts=on_gcp)
+    identity = TrainingIdentity("identity", config, cluster, buckets, after=after_apis, opts=on_gcp)
+    jobset = JobSetController("jobset", cluster)
     return Platform(
         config=config,
         gcp_provider=gcp_provider,
@@ -89,8 +98,9 @@ def build(config: StackConfig) -> Platform:
         cluster=cluster,
         tpu_pools=TpuPools("tpu", config, cluster, after=after_apis, opts=on_gcp),
         buckets=buckets,
-        identity=TrainingIdentity("identity", config, cluster, buckets, after=after_apis, opts=on_gcp),
+        identity=identity,
         registry=Registry("registry", config, cluster.node_service_account, after=after_apis, opts=on_gcp),
-        jobset=JobSetController("jobset", cluster),
+        jobset=jobset,
+        queue=KueueQueue("queue", config, cluster, after=[jobset.install, identity.namespace]) if config.queue.enabled else None,
         monitoring=Monitoring("monitoring", config, after=after_apis, opts=on_gcp) if config.monitoring.enabled else None,
     )

@@ -45,6 +45,11 @@ class TpuPools(Component):
                 placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT", tpu_topology=spec.topology)
                 if spec.multi_host
                 else None,
+                # With Kueue in front (gemma-tpu:queue), a flex-start pool is a queued provisioning
+                # pool: nodes come only for a run Kueue admitted, through its ProvisioningRequest.
+                queued_provisioning=gcp.container.NodePoolQueuedProvisioningArgs(enabled=True)
+                if config.queued_provisioning
+                else None,
                 # Flex-start nodes are not repaired: a broken node is given back, not recreated.
                 management=gcp.container.NodePoolManagementArgs(auto_repair=not flex_start, auto_upgrade=True),
                 node_config=gcp.container.NodePoolNodeConfigArgs(

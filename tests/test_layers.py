@@ -9,7 +9,7 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The stack config, the catalog and the pure builders both sides share: what both the components and
 # the workload builders read.
-CONFIG_LAYER = {"infra.accounts", "infra.config", "infra.errors", "infra.names", "infra.stack_files", "infra.tpu"}
+CONFIG_LAYER = {"infra.accounts", "infra.config", "infra.errors", "infra.names", "infra.queues", "infra.stack_files", "infra.tpu"}
 PROGRAM = {"stack", "__main__"}
 
 

@@ -1,8 +1,9 @@
 """`python -m workloads render --stack NAME [--out DIR]`: the run's Kubernetes objects as YAML, offline.
 
 Prints (or writes into DIR, one file per object, numbered in apply order) the namespace, the
-ServiceAccounts of training and of data preparation, the data preparation Job and the training Job
-or JobSet that `pulumi up` applies for the stack. The image digest exists only after the build:
+ServiceAccounts of training and of data preparation, the Kueue queue (with gemma-tpu:queue), the
+data preparation Job of each dataset and each run's training Job or JobSet that `pulumi up`
+applies for the stack. The image digest exists only after the build:
 without a configured `gemma-tpu:image` the image is the placeholder `${TRAINER_IMAGE}` (fill it
 with `envsubst` before `kubectl apply`).
 Without `gcp:project` in the stack file, the project (and the bucket and account names derived from
@@ -16,12 +17,13 @@ from typing import Any
 
 import yaml
 
-from infra.config import parse_stack_config
+from infra.config import StackConfig, parse_stack_config
 from infra.errors import ConfigError
+from infra.queues import queue_objects
 from infra.stack_files import offline_values
 from trainer.contract import USER_ERROR
 from workloads import manifests
-from workloads.spec import RunSpec, run_spec
+from workloads.spec import RunSpec, run_specs
 
 IMAGE_PLACEHOLDER = "${TRAINER_IMAGE}"
 
@@ -37,11 +39,19 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True)
 
 
-def render_spec(stack: str) -> RunSpec:
-    """The run of stack file `stack` (a name or a path); ConfigError when it is invalid."""
+def render_config(stack: str) -> StackConfig:
+    """The config of stack file `stack` (a name or a path); ConfigError when it is invalid."""
     values, stack_name = offline_values(stack, doing="rendering")
-    config = parse_stack_config(values, stack_name)
-    return run_spec(config, image=config.image or IMAGE_PLACEHOLDER)
+    return parse_stack_config(values, stack_name)
+
+
+def render_specs(config: StackConfig) -> tuple[RunSpec, ...]:
+    return run_specs(config, image=config.image or IMAGE_PLACEHOLDER)
+
+
+def stack_objects(config: StackConfig) -> list[dict[str, Any]]:
+    """Every Kubernetes object `pulumi up` applies for the stack's runs, in order."""
+    return manifests.all_objects(render_specs(config), queue_objects(config))
 
 
 def write(objects: list[dict[str, Any]], directory: pathlib.Path) -> list[pathlib.Path]:
@@ -62,17 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--out", "--output", dest="out", type=pathlib.Path, help="write one YAML file per object into this directory")
     args = parser.parse_args(argv)
     try:
-        spec = render_spec(args.stack)
+        config = render_config(args.stack)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR
-    objects = manifests.all_objects(spec)
+    objects = stack_objects(config)
     if args.out is None:
         print(to_yaml(objects), end="")
         return 0
     for path in write(objects, args.out):
         print(path)
-    print(f"follow the run: {manifests.logs_command(spec)}")
+    for spec in render_specs(config):
+        print(f"follow {spec.name}: {manifests.logs_command(spec)}")
+    if config.queue.enabled:
+        print(f"the queue: kubectl get workloads -n {config.namespace}")
     return 0
 
 

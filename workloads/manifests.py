@@ -21,9 +21,12 @@ OOM kill) fails the run at once. A batch/v1 Job counts restarts in `backoffLimit
 have `backoffLimit: 0` and the JobSet restarts them as a whole.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from infra.accounts import namespace_object, service_account_object
+from infra.config import CACHE_HEADROOM_GIB
+from infra.queues import PRIORITY_LABEL, QUEUE_LABEL
 from infra.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from trainer import contract
 from trainer.contract import TRAINER_UID
@@ -60,12 +63,6 @@ _FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # The GCS FUSE sidecar keeps its file cache in this pod volume when it exists, on the node's disk,
 # instead of in its own small ephemeral-storage allowance.
 _FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
-# The cache volume is larger than the cache (the driver's troubleshooting guide: a cache as large as
-# its volume fails with "no space left on device"), and the trainer container has room of its own
-# (logs, /tmp) besides; its ephemeral-storage request covers both, so the scheduler and Autopilot
-# give the pod that much disk.
-_CACHE_HEADROOM_GIB = 1
-_TRAINER_SCRATCH_GIB = 2
 _SOURCE_MOUNT = "/source"  # a gs:// dataset's bucket, read-only, in the preparation pod
 _SCRATCH_MOUNT = "/scratch"  # a downloaded dataset, in the preparation pod
 _PREPARE_CPUS = 2
@@ -107,7 +104,7 @@ def _fuse_volume(name: str, bucket: str, *, uid: int, read_only: bool, cache_gib
 def _fuse_cache_volume(cache_gib: int) -> dict[str, Any]:
     """The sidecar's file cache volume, bounded: an emptyDir without a limit lets the cache fill
     the node's disk, and on Autopilot the pod is evicted once it passes its ephemeral storage."""
-    return {"name": _FUSE_CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gib + _CACHE_HEADROOM_GIB}Gi"}}
+    return {"name": _FUSE_CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gib + CACHE_HEADROOM_GIB}Gi"}}
 
 
 def _pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
@@ -167,8 +164,7 @@ def _node_pool_affinity(pools: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
-    disk = spec.data_cache_gib + _CACHE_HEADROOM_GIB + _TRAINER_SCRATCH_GIB
-    resources = {"google.com/tpu": str(spec.chips_per_host), "ephemeral-storage": f"{disk}Gi"}
+    resources = {"google.com/tpu": str(spec.chips_per_host), "ephemeral-storage": f"{spec.pod_disk_gib}Gi"}
     trainer = {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
@@ -229,6 +225,15 @@ def _metadata(spec: RunSpec, name: str, component: str, annotations: dict[str, s
     return metadata
 
 
+def _queued(spec: RunSpec, training_object: dict[str, Any]) -> dict[str, Any]:
+    """A queued run is created suspended in its LocalQueue; Kueue starts it once the quota admits
+    all of its pods at once (and suspends it again if a higher priority run preempts it)."""
+    if spec.queue is not None:
+        training_object["metadata"]["labels"] |= {QUEUE_LABEL: spec.queue, PRIORITY_LABEL: spec.priority_class}
+        training_object["spec"]["suspend"] = True
+    return training_object
+
+
 def namespace(spec: RunSpec) -> dict[str, Any]:
     """The namespace of the run (created by infra.identity on `pulumi up`, from the same builder)."""
     return namespace_object(spec.namespace)
@@ -246,7 +251,7 @@ def service_accounts(spec: RunSpec) -> list[dict[str, Any]]:
 
 def training_job(spec: RunSpec) -> dict[str, Any]:
     """One host: a batch/v1 Job that retries retryable failures up to `max_restarts` times."""
-    return {
+    return _queued(spec, {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(spec, spec.name, "train", SKIP_AWAIT),
@@ -256,7 +261,7 @@ def training_job(spec: RunSpec) -> dict[str, Any]:
             "podFailurePolicy": _pod_failure_policy("Ignore"),
             "template": _trainer_pod(spec),
         },
-    }
+    })
 
 
 def training_jobset(spec: RunSpec) -> dict[str, Any]:
@@ -287,12 +292,12 @@ def training_jobset(spec: RunSpec) -> dict[str, Any]:
     }
     if spec.multislice:
         jobset_spec["coordinator"] = {"replicatedJob": SLICE_JOB, "jobIndex": 0, "podIndex": 0}
-    return {
+    return _queued(spec, {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
         "metadata": _metadata(spec, spec.name, "train", EXCLUSIVE_TOPOLOGY if spec.multislice else {}),
         "spec": jobset_spec,
-    }
+    })
 
 
 def training(spec: RunSpec) -> dict[str, Any]:
@@ -369,9 +374,17 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def all_objects(spec: RunSpec) -> list[dict[str, Any]]:
-    """Every object of the run in the order they are applied."""
-    return [namespace(spec), *service_accounts(spec), preparation_job(spec), training(spec)]
+def preparation_jobs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """One data preparation Job per dataset: runs of the same dataset share its prepared data."""
+    by_name = {spec.prepare_name: spec for spec in reversed(specs)}
+    return [preparation_job(by_name[name]) for name in dict.fromkeys(spec.prepare_name for spec in specs)]
+
+
+def all_objects(specs: Sequence[RunSpec], queue_objects: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every object of the stack's runs in the order they are applied: the namespace and its
+    ServiceAccounts, the queue (infra.queues), data preparation, then each run's training object."""
+    first = specs[0]
+    return [namespace(first), *service_accounts(first), *queue_objects, *preparation_jobs(specs), *map(training, specs)]
 
 
 def logs_command(spec: RunSpec) -> str:

@@ -1,6 +1,6 @@
 """What one training run needs, derived from the stack config and the TPU catalog.
 
-`run_spec(config, image)` is the single place where stack choices become run facts: the shape
+`run_spec(config, run, image=...)` is the single place where stack choices become run facts: the shape
 (a batch/v1 Job for one host, a JobSet otherwise), pods per slice, chips per pod, node selectors,
 bucket paths, the trainer's command line and environment. `workloads.manifests` turns a RunSpec
 into Kubernetes objects without deciding anything itself.
@@ -8,10 +8,11 @@ into Kubernetes objects without deciding anything itself.
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from infra.config import StackConfig, TpuConfig, trainer_flags
+from infra.config import RunConfig, StackConfig, TrainingConfig, trainer_flags
+from infra.queues import LOCAL_QUEUE, priority_class_name
 from infra.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
 from trainer.contract import PREPARED_MARKER_FILE, TRAINER_UID
@@ -38,15 +39,6 @@ PREPARE_DEADLINE_SECONDS = 2 * 3600
 # shutdown is told apart by the pod's DisruptionTarget condition, whatever the code (manifests).
 RETRYABLE_EXIT_CODES = (contract.RETRY, 128 + 15)
 
-# Node labels GKE sets on nodes of each capacity type (and that Autopilot provisions from). A
-# reservation has none on a node pool bound to it: `cloud.google.com/reservation-name` is set on
-# auto-provisioned and Autopilot nodes only, so reserved pods select their node pools instead.
-_CAPACITY_SELECTORS = {
-    "on-demand": {},
-    "spot": {"cloud.google.com/gke-spot": "true"},
-    "flex-start": {"cloud.google.com/gke-flex-start": "true"},
-    "reservation": {},
-}
 _PREPARED_HASH_CHARS = 8
 # 2: a downloaded dataset is recorded by its URL (1: by the preparation pod's scratch copy). A new
 # record gives the prepared data a new directory, prepared once beside the old one, rather than a
@@ -54,15 +46,10 @@ _PREPARED_HASH_CHARS = 8
 PREPARED_SOURCE_RECORD = 2
 
 
-def capacity_node_selector(tpu: TpuConfig) -> dict[str, str]:
-    """The node labels that pick the configured capacity (Spot, flex-start)."""
-    return dict(_CAPACITY_SELECTORS[tpu.capacity])
-
-
 def tpu_node_pools(config: StackConfig) -> tuple[str, ...]:
-    """The node pools training pods must land on: the reservation's pools (one per slice) on
-    Standard; none (any node the selectors match) otherwise."""
-    if config.tpu.capacity != "reservation":
+    """The node pools training pods must land on: the reservation's or the queued provisioning
+    pools (one per slice) on Standard; none (any node the selectors match) otherwise."""
+    if config.tpu.capacity != "reservation" and not config.queued_provisioning:
         return ()
     return tpu_pool_names(config.tpu.slices)
 
@@ -70,9 +57,9 @@ def tpu_node_pools(config: StackConfig) -> tuple[str, ...]:
 Shape = Literal["job", "jobset"]
 
 
-def run_shape(config: StackConfig) -> Shape:
+def run_shape(config: StackConfig, run: RunConfig) -> Shape:
     """A batch/v1 Job for a single host; a JobSet as soon as there are several pods (infra.names.run_kind)."""
-    return "job" if run_kind(slices=config.tpu.slices, hosts_per_slice=config.slice.hosts) == "Job" else "jobset"
+    return "job" if run_kind(slices=run.slices, hosts_per_slice=config.slice.hosts) == "Job" else "jobset"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +80,7 @@ class RunSpec:
     cpu_node_selector: dict[str, str]  # data preparation; empty on Autopilot (GKE picks the node)
     data_bucket: str
     data_cache_gib: int  # the file cache of the data mount in each training pod
+    pod_disk_gib: int  # each training pod's ephemeral-storage request (cache volume and scratch)
     artifacts_bucket: str
     dataset: str  # https:// URL or gs:// path of the raw text
     prepared_dir: str  # the prepared shards, relative to the data bucket
@@ -103,6 +91,8 @@ class RunSpec:
     max_restarts: int
     profiling: bool
     trainer_uid: int  # the training pods' user: TRAINER_UID, or 0 with gemma-tpu:trainerRunsAsRoot
+    queue: str | None  # the LocalQueue the run waits in (created suspended, Kueue starts it); None: not queued
+    priority_class: str | None  # its WorkloadPriorityClass, with a queue
 
     @property
     def multislice(self) -> bool:
@@ -129,16 +119,28 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def run_spec(config: StackConfig, *, image: str) -> RunSpec:
-    """The run of `config` with `image`: a change to the training config, the image or the slice
-    shape gives a new name, hence a new run with its own checkpoints; no change, the same run."""
-    training = config.training
-    # Shards depend only on the corpus (the tokenizer is the model family's, see trainer.prepare) and
-    # on how a prepared directory records its source (PREPARED_SOURCE_RECORD).
-    prepared_key = _digest({"dataset": training.dataset, "source_record": PREPARED_SOURCE_RECORD})[:_PREPARED_HASH_CHARS]
-    name = run_object_name(training.run_name, _digest({"training": asdict(training), "image": image, "tpu": asdict(config.tpu)}))
+def prepared_key(dataset: str) -> str:
+    """The prepared data's directory and preparation Job key. Shards depend only on the corpus (the
+    tokenizer is the model family's, see trainer.prepare) and on how a prepared directory records
+    its source (PREPARED_SOURCE_RECORD)."""
+    return _digest({"dataset": dataset, "source_record": PREPARED_SOURCE_RECORD})[:_PREPARED_HASH_CHARS]
+
+
+def run_specs(config: StackConfig, *, image: str) -> tuple[RunSpec, ...]:
+    """Every run of the stack (gemma-tpu:runs, or the one of gemma-tpu:training), in config order."""
+    return tuple(run_spec(config, run, image=image) for run in config.runs)
+
+
+def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
+    """`run` of `config` with `image`: a change to its training config, the image or its slice
+    shape gives a new name, hence a new run with its own checkpoints; no change, the same run.
+    Its priority is not part of the name: a queued run's priority can change without a new run."""
+    training = run.training
+    key = prepared_key(training.dataset)
+    tpu = replace(config.tpu, slices=run.slices)
+    name = run_object_name(training.run_name, _digest({"training": asdict(training), "image": image, "tpu": asdict(tpu)}))
     run_dir = f"runs/{name}"
-    prepared_dir = f"prepared/{prepared_key}"
+    prepared_dir = f"prepared/{key}"
     return RunSpec(
         name=name,
         namespace=config.namespace,
@@ -147,33 +149,36 @@ def run_spec(config: StackConfig, *, image: str) -> RunSpec:
         prepare_service_account=config.preparation_service_account,
         prepare_google_service_account=_email(config, config.preparation_service_account_id),
         image=image,
-        shape=run_shape(config),
-        slices=config.tpu.slices,
+        shape=run_shape(config, run),
+        slices=run.slices,
         hosts_per_slice=config.slice.hosts,
         chips_per_host=config.slice.chips_per_host,
-        tpu_node_selector={**config.slice.node_selector, **capacity_node_selector(config.tpu)},
+        tpu_node_selector=config.tpu_node_selector,
         tpu_node_pools=tpu_node_pools(config),
         cpu_node_selector={NODE_POOL_LABEL: CPU_POOL_NAME} if config.cluster_mode == "standard" else {},
         data_bucket=config.data_bucket,
         data_cache_gib=config.data_cache_gib,
+        pod_disk_gib=config.training_pod_disk_gib,
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
         prepared_dir=prepared_dir,
-        prepare_name=f"prepare-data-{prepared_key}",
+        prepare_name=f"prepare-data-{key}",
         run_dir=run_dir,
-        trainer_args=_trainer_args(config, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
+        trainer_args=_trainer_args(config, training, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
         # JAX_PLATFORMS: a TPU that cannot be opened fails the run (trainer.mesh) instead of JAX
         # falling back to training on the host's CPU.
-        trainer_env={"JAX_PLATFORMS": "tpu", "MEGASCALE_NUM_SLICES": str(config.tpu.slices)},
+        trainer_env={"JAX_PLATFORMS": "tpu", "MEGASCALE_NUM_SLICES": str(run.slices)},
         max_restarts=training.max_restarts,
         profiling=training.profiling,
         trainer_uid=0 if config.trainer_runs_as_root else TRAINER_UID,
+        queue=LOCAL_QUEUE if config.queue.enabled else None,
+        priority_class=priority_class_name(run.priority) if config.queue.enabled else None,
     )
 
 
-def _trainer_args(config: StackConfig, data_dir: str, run_dir: str) -> tuple[str, ...]:
+def _trainer_args(config: StackConfig, training: TrainingConfig, data_dir: str, run_dir: str) -> tuple[str, ...]:
     args = [
-        *trainer_flags(config.training),
+        *trainer_flags(training),
         "--data", data_dir,
         "--workdir", run_dir,
         "--checkpoint-dir", f"{run_dir}/checkpoints",
@@ -182,6 +187,6 @@ def _trainer_args(config: StackConfig, data_dir: str, run_dir: str) -> tuple[str
         # FSDP inside a slice (ICI), data parallelism across slices (DCN): 1B and 4B fit a v6e 2x4 only so.
         "--mesh", f"data=-1,fsdp={config.slice.chips}",
     ]  # fmt: skip
-    if config.training.profiling:
+    if training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]
     return tuple(args)

@@ -56,9 +56,10 @@ def _entry(key: str, value: Any) -> str:
 KEYS = (
     "gcp:project, gcp:region, gcp:zone, gemma-tpu:cluster, gemma-tpu:tpu, gemma-tpu:storage, gemma-tpu:image, "
     "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:trainerRunsAsRoot, gemma-tpu:training, "
-    "gemma-tpu:monitoring, gemma-tpu:network"
+    "gemma-tpu:runs, gemma-tpu:queue, gemma-tpu:monitoring, gemma-tpu:network"
 )
 MULTISLICE = {"topology": "2x4", "slices": 2}
+QUEUED = {"enabled": True}
 
 CASES = (
     # The file itself
@@ -218,6 +219,32 @@ CASES = (
              error=f"gemma-tpu:training.runName '{'r' * 18}' is too long for 2 slices of v6e 2x4: the coordinator address "
                    f"(a label value) would be '{'r' * 18}-xxxxxxxx-slice-0-0.{'r' * 18}-xxxxxxxx' (x: the run's hash), 65 "
                    "characters, and Kubernetes allows 63; use at most 17 characters"),
+    BadStack(case="two runs with one name", config={"gemma-tpu:queue": QUEUED, "gemma-tpu:runs": [{"name": "sweep"}, {"name": "sweep"}]},
+             error="gemma-tpu:runs[1].name 'sweep' is also gemma-tpu:runs[0].name; give each run its own name"),
+    BadStack(case="several runs without the queue", config={"gemma-tpu:runs": [{"name": "a"}, {"name": "b"}]},
+             error="gemma-tpu:runs holds 2 runs on one set of TPU pools; set gemma-tpu:queue.enabled true so that Kueue "
+                   "admits them in turn (each whole or not at all)"),
+    BadStack(case="a run without a name", config={"gemma-tpu:queue": QUEUED, "gemma-tpu:runs": [{"steps": 100}]},
+             error="gemma-tpu:runs[0].name is required: give the run a name (a-z, 0-9, -)"),
+    BadStack(case="runName beside a run list", config={"gemma-tpu:training": {"runName": "x"}, "gemma-tpu:runs": [{"name": "a"}]},
+             error="gemma-tpu:training.runName names the single run of a stack without gemma-tpu:runs; with gemma-tpu:runs, "
+                   "give each run its name there (name: ...) and remove runName"),
+    BadStack(case="a run on a TPU shape the stack has no pool for",
+             config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:queue": QUEUED, "gemma-tpu:runs": [{"name": "big", "topology": "4x4"}]},
+             error="gemma-tpu:runs[0].topology is '4x4', but the stack's TPU pools are v6e 2x4 (gemma-tpu:tpu); run it on "
+                   "a stack with such pools or remove the key"),
+    BadStack(case="a run on more slices than the stack has",
+             config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:queue": QUEUED, "gemma-tpu:runs": [{"name": "big", "slices": 3}]},
+             error="gemma-tpu:runs[0].slices is 3; it must be between 1 and 2"),
+    BadStack(case="a queue quota over the pools' capacity",
+             config={"gemma-tpu:tpu": {"topology": "2x4"}, "gemma-tpu:queue": {"enabled": True, "tpuQuota": 16}},
+             error="gemma-tpu:queue.tpuQuota is 16 chips, over the 8 chips the stack's TPU pools hold; set at most 8 "
+                   "(or leave it unset: the pools' capacity)"),
+    BadStack(case="flex-start through the queue on too old a GKE",
+             config={"gemma-tpu:cluster": {"version": "1.32"}, "gemma-tpu:tpu": {"topology": "2x4", "capacity": "flex-start"},
+                     "gemma-tpu:queue": QUEUED},
+             error="gemma-tpu:cluster.version is 1.32, but flex-start TPU nodes through Kueue's queued provisioning need GKE "
+                   "1.33.0-gke.1712000 or later; raise it or leave it unset (the release channel's default)"),
     BadStack(case="notification channel that is an address", config={"gemma-tpu:monitoring": {"notificationChannels": ["me@example.com"]}},
              error="gemma-tpu:monitoring.notificationChannels holds 'me@example.com', not a channel such as "
                    "projects/PROJECT/notificationChannels/123; list yours with `gcloud beta monitoring channels list`"),

@@ -28,7 +28,7 @@ def test_defaults_are_the_documented_ones():
     assert config.force_destroy and config.keep_artifacts  # a stack of your own keeps its checkpoints on destroy
     assert config.image is None
     assert (config.namespace, config.service_account, config.cluster_name) == ("training", "trainer", "gemma-dev")
-    training = config.training
+    training = config.runs[0].training
     assert (training.model, training.weights, training.dataset) == ("gemma3-270m", "official", TINYSTORIES_URL)
     assert (training.seq_len, training.batch_size, training.steps, training.epochs) == (256, 128, None, 1)
     assert (training.learning_rate, training.lora_rank, training.checkpoint_interval) == (2.0e-5, 0, 500)
@@ -70,11 +70,11 @@ def test_user_choices_are_kept():
     assert (config.slice.machine_type, config.total_hosts, config.tpu.capacity) == ("ct5p-hightpu-4t", 4, "spot")
     assert (config.data_bucket, config.artifacts_bucket, config.force_destroy, config.keep_artifacts) == ("corpus", "runs", False, False)
     assert config.image == "europe-docker.pkg.dev/p/r/trainer:1"
-    assert (config.training.steps, config.training.lora_rank, config.training.run_name) == (100, 8, "lora-run")
+    assert (config.runs[0].training.steps, config.runs[0].training.lora_rank, config.runs[0].training.run_name) == (100, 8, "lora-run")
 
 
 def test_learning_rate_set_with_path_arrives_as_text_and_is_read():
-    assert parse(training={"learningRate": "1e-4"}).training.learning_rate == 1e-4
+    assert parse(training={"learningRate": "1e-4"}).runs[0].training.learning_rate == 1e-4
 
 
 def test_a_stack_file_path_gives_its_stack_name(tmp_path):
@@ -94,7 +94,7 @@ def test_a_model_added_to_the_trainers_table_is_one_the_stack_and_the_trainer_ta
     from trainer import config as trainer_config
 
     monkeypatch.setitem(trainer_config.GEMMA3_MODELS, "gemma3-2b", ("Gemma3_2B", "GEMMA3_2B_PT"))
-    assert parse(training={"model": "gemma3-2b"}).training.model == "gemma3-2b"
+    assert parse(training={"model": "gemma3-2b"}).runs[0].training.model == "gemma3-2b"
     assert trainer_config.parse_config(["--model", "gemma3-2b", "--data", "corpus.txt"]).model == "gemma3-2b"
 
 
@@ -102,12 +102,12 @@ def test_training_defaults_are_the_trainers_and_the_pods_get_only_what_the_stack
     from infra.config import TRAINER_OPTIONS, trainer_flags
     from trainer.config import TrainConfig, parse_config
 
-    training = parse().training
+    training = parse().runs[0].training
     defaults = TrainConfig()
     for option in TRAINER_OPTIONS:
         assert getattr(training, option.field) == getattr(defaults, option.option), option.key
     # What the pods pass parses back to the same options (epochs is left out once steps is set).
-    for config in (training, parse(training={"steps": 40, "learningRate": 3e-4, "loraRank": 8}).training):
+    for config in (training, parse(training={"steps": 40, "learningRate": 3e-4, "loraRank": 8}).runs[0].training):
         parsed = parse_config([*trainer_flags(config), "--data", "corpus.txt"])
         for option in TRAINER_OPTIONS:
             if option.key != "epochs" or config.steps is None:

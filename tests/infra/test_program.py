@@ -75,9 +75,8 @@ def test_outputs_tell_how_to_watch_the_run(stack):
     result = previewed(stack)
     outputs = result.outputs
     (build,) = of_type(result.resources, IMAGE_BUILD)
-    spec = run_spec(
-        parse_stack_config(stack_values(stack), stack), image=f"{build.inputs['tags'][0]}@{PLACEHOLDER_DIGEST}"
-    )
+    config = parse_stack_config(stack_values(stack), stack)
+    spec = run_spec(config, config.runs[0], image=f"{build.inputs['tags'][0]}@{PLACEHOLDER_DIGEST}")
     assert outputs["trainingRun"] == spec.name
     assert outputs["trainingStatus"] == manifests.status_command(spec)
     assert outputs["trainingLogs"] == manifests.logs_command(spec)

@@ -26,7 +26,7 @@ from tests.trainer.test_train import tiny_args
 from trainer import checkpoint, contract, models
 from trainer.metrics import read_metrics
 from trainer.tokenizer import load_tokenizer
-from workloads.__main__ import render_spec
+from workloads.__main__ import render_config, render_specs
 
 REPO = pathlib.Path(__file__).parents[2]
 DEVICES = 4
@@ -172,7 +172,7 @@ def test_two_processes_see_four_devices_read_disjoint_rows_and_train_like_one(on
 
 def test_two_emulated_slices_put_data_parallelism_on_dcn_and_train_like_one_process(one_process, launch, initial_weights):
     # The slice count as the multislice stack's workload hands it to the trainer.
-    slices_env = {"MEGASCALE_NUM_SLICES": render_spec("multislice").trainer_env["MEGASCALE_NUM_SLICES"]}
+    slices_env = {"MEGASCALE_NUM_SLICES": render_specs(render_config("multislice"))[0].trainer_env["MEGASCALE_NUM_SLICES"]}
     slices = int(slices_env["MEGASCALE_NUM_SLICES"])
     assert slices == 2
     run = launch("two_slices", slices, "--mesh", f"data={slices},fsdp=-1", env=slices_env).wait()

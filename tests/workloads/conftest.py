@@ -40,7 +40,8 @@ def stack_config(stack: str) -> StackConfig:
 
 
 def spec_of(config: StackConfig, image: str = IMAGE) -> RunSpec:
-    return run_spec(config, image=image)
+    """The stack's first run (a stack without gemma-tpu:runs has only that one)."""
+    return run_spec(config, config.runs[0], image=image)
 
 
 def training_pod(obj: dict[str, Any]) -> dict[str, Any]:

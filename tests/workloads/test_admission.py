@@ -13,6 +13,7 @@ from infra.errors import ConfigError
 from tests.workloads import admission
 from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config, training_pod
 from workloads import manifests
+from workloads.__main__ import stack_objects
 
 
 def _shapes():
@@ -45,7 +46,7 @@ GENERATED = dict(_generated_configs())
 
 
 def _objects(config):
-    return manifests.all_objects(spec_of(config))
+    return stack_objects(config)
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -37,7 +37,7 @@ def _platform_and_run(config, outputs: dict):
         jobset = k8s.yaml.v2.ConfigFile("jobset", file=JOBSET_MANIFESTS, opts=on_cluster)
         tpu_pool = pulumi.CustomResource("test:index:TpuPool", "tpu-pool")
         run = TrainingRun(
-            "run", config=config, image=IMAGE, provider=provider,
+            "run", config=config, run=config.runs[0], image=IMAGE, provider=provider,
             namespace=namespace, service_account=account, preparation_service_account=preparation_account,
             jobset_install=jobset, training_after=[tpu_pool],
         )  # fmt: skip

@@ -99,7 +99,7 @@ def test_restarts_are_capped_and_pods_have_time_to_checkpoint(stack):
     config = stack_config(stack)
     run = manifests.training(spec_of(config))
     restarts = run["spec"]["backoffLimit"] if run["kind"] == "Job" else run["spec"]["failurePolicy"]["maxRestarts"]
-    assert restarts == config.training.max_restarts
+    assert restarts == config.runs[0].training.max_restarts
     pod = training_pod(run)["spec"]
     assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] >= 60
 
@@ -230,7 +230,7 @@ def test_the_trainer_gets_the_stack_training_config_and_slice_count(stack):
     pod = training_pod(manifests.training(spec_of(config)))
     trainer = container(pod, "trainer")
     parsed = parse_config(trainer["args"])  # the trainer's own parser accepts the command line
-    training = config.training
+    training = config.runs[0].training
     assert (parsed.model, parsed.weights, parsed.seq_len, parsed.batch_size) == (
         training.model, training.weights, training.seq_len, training.batch_size
     )

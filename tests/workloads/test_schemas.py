@@ -6,8 +6,16 @@ import jsonschema
 import pytest
 
 from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config
-from tests.workloads.schemas import jobset_validator, validate_builtin, validate_jobset
+from tests.workloads.schemas import (
+    KUEUE_GROUP,
+    jobset_validator,
+    kueue_validators,
+    validate_builtin,
+    validate_jobset,
+    validate_kueue,
+)
 from workloads import manifests
+from workloads.__main__ import stack_objects
 
 
 @pytest.fixture(scope="module")
@@ -15,16 +23,23 @@ def jobset_schema():
     return jobset_validator()
 
 
+@pytest.fixture(scope="module")
+def kueue_schemas():
+    return kueue_validators()
+
+
 def validate(obj, request):
     if obj["kind"] == "JobSet":
         validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
+    elif obj["apiVersion"].startswith(f"{KUEUE_GROUP}/"):
+        validate_kueue(obj, request.getfixturevalue("kueue_schemas"))  # skips without Kueue's CRDs
     else:
         validate_builtin(obj)
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_object_of_every_stack_validates_strictly(stack, request):
-    for obj in manifests.all_objects(spec_of(stack_config(stack))):
+    for obj in stack_objects(stack_config(stack)):
         validate(obj, request)
 
 
@@ -34,7 +49,7 @@ def test_optional_parts_validate_too(stack, request):
     config = edited_config(
         stack, tpu={"capacity": "spot"}, training={"profiling": True, "dataset": "gs://corpora/tiny/train.txt"}
     )
-    for obj in manifests.all_objects(spec_of(config)):
+    for obj in stack_objects(config):
         validate(obj, request)
 
 

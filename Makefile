@@ -7,6 +7,12 @@ STAMP := $(VENV)/.installed
 # The policy pack has its own environment: pulumi-policy pins a protobuf the trainer's TensorFlow cannot use.
 POLICY_VENV := .venv-policy
 POLICY_STAMP := $(POLICY_VENV)/.installed
+# The Hugging Face check of the export has its own Python 3.11 environment: CPU torch exists as a cp311
+# wheel only (/opt/wheels), and torch must never reach the trainer's environment (docs/dependencies.md).
+HF_VENV := .venv-hf
+HF_STAMP := $(HF_VENV)/.installed
+PYTHON311 := $(shell for p in python3.11 /usr/local/bin/python3.11 /usr/bin/python3.11; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null && { echo "$$p"; break; }; done)
 # gemma 4 needs Python 3.12: take the first interpreter that really is 3.12 (a pyenv shim may not be).
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
@@ -37,8 +43,14 @@ $(POLICY_STAMP): policy/requirements.txt
 	$(POLICY_VENV)/bin/python -m pip install -q -r policy/requirements.txt
 	touch $@
 
-test: $(STAMP) $(POLICY_STAMP)
-	$(PY) -m pytest -q
+$(HF_STAMP): requirements-hf.txt
+	@test -n "$(PYTHON311)" || { echo "error: Python 3.11 not found: install python3.11 (the export's Hugging Face check runs CPU torch on it)" >&2; exit 1; }
+	test -x $(HF_VENV)/bin/python || $(PYTHON311) -m venv $(HF_VENV)
+	$(HF_VENV)/bin/python -m pip install -q -r requirements-hf.txt
+	touch $@
+
+test: $(STAMP) $(POLICY_STAMP) $(HF_STAMP)
+	HF_PYTHON=$(HF_VENV)/bin/python $(PY) -m pytest -q
 	MAIN_PYTHON=$(PY) $(POLICY_VENV)/bin/python -m pytest -q policy/tests
 
 demo: $(STAMP)

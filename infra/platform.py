@@ -68,7 +68,7 @@ class Platform:
     @property
     def queue_objects(self) -> list[pulumi.Resource]:
         """Queued runs are created after these: their LocalQueue and what it admits with."""
-        return self.queue.objects if self.queue else []
+        return [self.queue.objects] if self.queue else []
 
     @property
     def identity_bindings(self) -> list[pulumi.Resource]:

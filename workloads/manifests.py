@@ -295,7 +295,7 @@ def training_jobset(spec: RunSpec) -> dict[str, Any]:
     return _queued(spec, {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
-        "metadata": _metadata(spec, spec.name, "train", EXCLUSIVE_TOPOLOGY if spec.multislice else {}),
+        "metadata": _metadata(spec, spec.name, "train", EXCLUSIVE_TOPOLOGY if spec.exclusive_pools else {}),
         "spec": jobset_spec,
     })
 

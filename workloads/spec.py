@@ -77,6 +77,9 @@ class RunSpec:
     chips_per_host: int  # each pod's `google.com/tpu` request
     tpu_node_selector: dict[str, str]
     tpu_node_pools: tuple[str, ...]  # empty: any node pool the selectors match
+    # Each slice's Job on a node pool of its own: as soon as the stack has several pools, a slice's
+    # hosts must not be split between two of them (JobSet's exclusive-topology placement).
+    exclusive_pools: bool
     cpu_node_selector: dict[str, str]  # data preparation; empty on Autopilot (GKE picks the node)
     data_bucket: str
     data_cache_gib: int  # the file cache of the data mount in each training pod
@@ -155,6 +158,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         chips_per_host=config.slice.chips_per_host,
         tpu_node_selector=config.tpu_node_selector,
         tpu_node_pools=tpu_node_pools(config),
+        exclusive_pools=config.tpu.slices > 1,
         cpu_node_selector={NODE_POOL_LABEL: CPU_POOL_NAME} if config.cluster_mode == "standard" else {},
         data_bucket=config.data_bucket,
         data_cache_gib=config.data_cache_gib,

@@ -64,7 +64,7 @@ QUEUED = {"enabled": True}
 CASES = (
     # The file itself
     BadStack(case="no such stack", stack="staging", exists=False, described="`--stack Pulumi.staging.yaml`, no such file",
-             error="no stack file {file}; the stacks here are autopilot, dev, multihost, multislice"),
+             error="no stack file {file}; the stacks here are autopilot, dev, multihost, multislice, queued"),
     BadStack(case="not UTF-8 text", file=b"\x00\x01\xff\xfe", described="binary bytes",
              error="{file} is not UTF-8 text; save the stack file as UTF-8 YAML"),
     BadStack(case="broken YAML", file=b"config:\n  gemma-tpu:tpu: {slices: 2\n", described="`gemma-tpu:tpu: {slices: 2` (unclosed)",

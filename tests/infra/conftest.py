@@ -7,8 +7,8 @@ from infra.stack_files import read_stack_values
 from infra.preview import Resource, StackPreview, preview
 
 PROJECT_ID = "acme-ml-123"
-SHIPPED_STACKS = ("dev", "multihost", "multislice", "autopilot")
-STANDARD_STACKS = ("dev", "multihost", "multislice")
+SHIPPED_STACKS = ("dev", "multihost", "multislice", "autopilot", "queued")
+STANDARD_STACKS = ("dev", "multihost", "multislice", "queued")
 
 
 def stack_values(stack: str, **overrides: Any) -> dict[str, Any]:

@@ -52,6 +52,7 @@ def test_shipped_stacks_have_their_shapes():
         "multihost": ("standard", "2x4", 1, 2),
         "multislice": ("standard", "2x4", 2, 4),
         "autopilot": ("autopilot", "1x1", 1, 1),
+        "queued": ("standard", "2x4", 2, 4),
     }
 
 

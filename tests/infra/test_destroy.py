@@ -4,6 +4,8 @@ while the cluster and its node pools still run them, and a vanished cluster does
 
 import pytest
 
+from infra.config import parse_stack_config
+
 from infra.stack_files import read_stack_values
 from infra.preview import Resource, preview
 from tests.infra.conftest import SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
@@ -13,7 +15,7 @@ BUCKET = "gcp:storage/bucket:Bucket"
 REGISTRY = "gcp:artifactregistry/repository:Repository"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 # The shipped stacks' choice (docs/stacks.md): a dev stack's checkpoints go with it, the others' stay.
-KEEPS_ARTIFACTS = {"dev": False, "multihost": True, "multislice": True, "autopilot": True}
+KEEPS_ARTIFACTS = {"dev": False, "multihost": True, "multislice": True, "autopilot": True, "queued": True}
 
 
 def prerequisites(resources: list[Resource], resource: Resource) -> set[tuple[str, str]]:
@@ -93,9 +95,11 @@ def test_kubernetes_objects_are_deleted_before_the_cluster_and_its_node_pools(st
     for resource in kubernetes:
         # The controllers on the CPU pool (JobSet's, the namespace's finalizers) still run while it goes.
         assert {cluster, *cpu_pool} <= prerequisites(resources, resource), resource.name
-    # The training pods (a Job or a JobSet) leave the TPU hosts before their pools go.
-    [training] = [r for r in kubernetes if (r.parent, r.name) == ("training", "training")]
-    assert node_pools - cpu_pool <= prerequisites(resources, training)
+    # The training pods (a Job or a JobSet, of each run) leave the TPU hosts before their pools go.
+    runs = [r for r in kubernetes if r.name == "training"]
+    assert len(runs) == len(parse_stack_config(stack_values(stack), stack).runs)
+    for training in runs:
+        assert node_pools - cpu_pool <= prerequisites(resources, training)
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)

@@ -73,10 +73,15 @@ COMMON = {
     "gcp:monitoring/dashboard:Dashboard": 1,
     "gcp:monitoring/alertPolicy:AlertPolicy": 4,  # failed, restarts, low utilization, idle TPU nodes
 }
-NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0}  # CPU pool + one per slice
+NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0, "queued": 3}  # CPU pool + one per slice
 JOB, JOBSET = "kubernetes:batch/v1:Job", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
 # Data preparation is a Job; training a Job on one host, a JobSet on several.
-RUN_OBJECTS = {"dev": {JOB: 2}, "multihost": {JOB: 1, JOBSET: 1}, "multislice": {JOB: 1, JOBSET: 1}, "autopilot": {JOB: 2}}
+RUN_OBJECTS = {
+    "dev": {JOB: 2}, "multihost": {JOB: 1, JOBSET: 1}, "multislice": {JOB: 1, JOBSET: 1}, "autopilot": {JOB: 2},
+    # Three runs of two datasets behind Kueue (its release and the group of the stack's queue objects).
+    "queued": {JOB: 2, JOBSET: 3, "gemma-tpu:workloads:TrainingRun": 3, "gemma-tpu:workloads:DataPreparation": 2,
+               "gemma-tpu:infra:KueueQueue": 1, "kubernetes:yaml/v2:ConfigFile": 2, "kubernetes:yaml/v2:ConfigGroup": 1},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
@@ -91,6 +96,7 @@ EXPECTED_TPU_POOLS = {
     "multihost": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})],
     "multislice": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})] * 2,
     "autopilot": [],
+    "queued": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})] * 2,
 }
 
 
@@ -109,7 +115,8 @@ def test_tpu_pools_have_the_slice_shape(stack):
         assert pool.inputs["nodeLocations"] == ["us-east5-b"]
         assert pool.inputs["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
         assert pool.inputs["nodeConfig"]["serviceAccount"] == nodes_email(stack)
-        assert not {"spot", "flexStart", "reservationAffinity"} & set(pool.inputs["nodeConfig"])  # on-demand
+        if stack != "queued":  # flex-start: tests/infra/test_queue.py
+            assert not {"spot", "flexStart", "reservationAffinity"} & set(pool.inputs["nodeConfig"])  # on-demand
 
 
 @pytest.mark.parametrize("stack", STANDARD_STACKS)
@@ -273,7 +280,7 @@ def test_outputs(stack):
     assert outputs["preparationServiceAccount"] == preparation_email(stack)
 
 
-CHIPS = {"dev": 1, "multihost": 8, "multislice": 16, "autopilot": 1}
+CHIPS = {"dev": 1, "multihost": 8, "multislice": 16, "autopilot": 1, "queued": 16}
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)

@@ -29,12 +29,13 @@ def test_run_size_and_placement_follow_the_catalog(stack):
     assert trainer["resources"]["limits"]["google.com/tpu"] == str(catalog.chips_per_host)
     assert trainer["resources"]["requests"] == trainer["resources"]["limits"]
     assert pod["spec"]["nodeSelector"] == catalog.node_selector  # shipped stacks are on-demand
-    if catalog.hosts * config.tpu.slices == 1:
+    slices = config.runs[0].slices  # the stack's slices, unless a run of gemma-tpu:runs takes fewer
+    if catalog.hosts * slices == 1:
         assert run["kind"] == "Job" and "parallelism" not in run["spec"]
     else:
         (replicated,) = run["spec"]["replicatedJobs"]
         assert run["kind"] == "JobSet"
-        assert replicated["replicas"] == config.tpu.slices
+        assert replicated["replicas"] == slices
         assert replicated["template"]["spec"]["parallelism"] == catalog.hosts
         assert replicated["template"]["spec"]["completions"] == catalog.hosts
     assert (EXCLUSIVE in run["metadata"].get("annotations", {})) == (config.tpu.slices > 1)
@@ -243,8 +244,8 @@ def test_the_trainer_gets_the_stack_training_config_and_slice_count(stack):
     assert parsed.profile_port is None
     env = env_of(trainer)
     assert env["JAX_PLATFORMS"] == "tpu"  # no TPU is an error, never a run on the host's CPU
-    assert env["MEGASCALE_NUM_SLICES"] == str(config.tpu.slices)
-    assert ("MEGASCALE_SLICE_ID" in env) == (config.tpu.slices > 1)
+    assert env["MEGASCALE_NUM_SLICES"] == str(config.runs[0].slices)
+    assert ("MEGASCALE_SLICE_ID" in env) == (config.runs[0].slices > 1)
 
 
 def test_multislice_pods_know_their_slice_and_the_coordinator():

@@ -6,7 +6,8 @@ import sys
 import pytest
 import yaml
 
-from tests.workloads.conftest import REPO, STACKS
+from infra.queues import queue_objects
+from tests.workloads.conftest import REPO, STACKS, stack_config
 from trainer.contract import USER_ERROR
 from workloads.__main__ import IMAGE_PLACEHOLDER, main
 
@@ -32,7 +33,13 @@ def test_render_prints_plain_yaml_for_every_stack(stack, capsys):
     assert main(["render", "--stack", stack]) == 0
     text = capsys.readouterr().out
     assert "&id" not in text and "*id" not in text  # no YAML anchors for kubectl users to puzzle over
-    assert len(list(yaml.safe_load_all(text))) == 5  # namespace, 2 ServiceAccounts, preparation, training
+    kinds = [obj["kind"] for obj in yaml.safe_load_all(text)]
+    config = stack_config(stack)
+    datasets = {run.training.dataset for run in config.runs}
+    # The namespace, 2 ServiceAccounts, the queue, a preparation per dataset and each run's training object.
+    assert kinds[:3] == ["Namespace", "ServiceAccount", "ServiceAccount"]
+    assert len(kinds) == 3 + len(queue_objects(config)) + len(datasets) + len(config.runs)
+    assert kinds[-len(config.runs):] == ["Job" if run.slices * config.slice.hosts == 1 else "JobSet" for run in config.runs]
 
 
 def test_invalid_config_exits_2_with_the_one_line_message(tmp_path):

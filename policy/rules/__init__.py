@@ -6,6 +6,7 @@
 from rules.base import Resource, ResourceRule, StackRule, Violation
 from rules.gke import CLUSTER_WORKLOAD_IDENTITY, NODE_IDENTITY
 from rules.network import CLUSTER_NETWORK, CONTROL_PLANE_ACCESS, PRIVATE_NODES
+from rules.queue import QUOTA_WITHIN_CAPACITY, WORKLOADS_QUEUED
 from rules.iam import NO_PRIMITIVE_ROLES, NO_PROJECT_STORAGE_ROLES, NO_PUBLIC_MEMBERS, WORKLOAD_IDENTITY_BINDINGS
 from rules.storage import BUCKET_ACCESS
 from rules.workloads import IMAGES_FROM_STACK_REGISTRY, PODS_UNPRIVILEGED
@@ -23,6 +24,6 @@ RESOURCE_RULES: tuple[ResourceRule, ...] = (
     WORKLOAD_IDENTITY_BINDINGS,
     PODS_UNPRIVILEGED,
 )
-STACK_RULES: tuple[StackRule, ...] = (IMAGES_FROM_STACK_REGISTRY,)
+STACK_RULES: tuple[StackRule, ...] = (IMAGES_FROM_STACK_REGISTRY, WORKLOADS_QUEUED, QUOTA_WITHIN_CAPACITY)
 
 __all__ = ["RESOURCE_RULES", "STACK_RULES", "Resource", "ResourceRule", "StackRule", "Violation"]

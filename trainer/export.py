@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import sys
 from collections.abc import Sequence
 
@@ -82,6 +83,7 @@ def write_safetensors(directory: pathlib.Path, params, tensors: list[hf_weights.
             arrays[name] = np.ascontiguousarray(tensor.of(host_array(source.astype(jnp.dtype(dtype)))))
         if write:
             save_file(arrays, directory / file, metadata={"format": "pt"})
+            os.chmod(directory / file, 0o644)  # safetensors writes 0600; a server may run as another user
     if write and len(shards) > 1:
         index = {"metadata": {"total_size": sum(sizes.values())},
                  "weight_map": {name: file for file, names in zip(files, shards) for name in names}}
@@ -213,8 +215,7 @@ def run_weights(run: Run) -> tuple[dict, dict | None, str]:
 
 def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> str:
     """Writes `out` (which must not exist, or be empty); returns where the weights came from."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out}: exists and is not empty; choose a new directory (nothing there is replaced)")
+    _require_free(out)
     trained, frozen, source = run_weights(run)
     with shared_files.replaced_atomically(out) as temporary:
         temporary.mkdir()
@@ -229,6 +230,32 @@ def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> 
         if out.exists():
             out.rmdir()  # empty (checked above): os.replace needs the name free on every filesystem
     return source
+
+
+def write_final_export(directory: pathlib.Path, workdir: pathlib.Path, params, *, dtype: str = "bfloat16") -> None:
+    """WORKDIR/export/hf at the end of a run: the plain tree `params` (LoRA merged in), replacing an
+    earlier export. Every process gathers, process 0 writes under a temporary name and renames it."""
+    run = read_run(str(workdir))
+    is_main = jax.process_index() == 0
+    temporary = shared_files.temporary_sibling(directory)
+    try:
+        if is_main:
+            temporary.mkdir(parents=True)
+        write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype, write=is_main)
+        if is_main:
+            if directory.exists():  # the run's own earlier export, e.g. before it was resumed for more steps
+                earlier = shared_files.temporary_sibling(directory)
+                os.replace(directory, earlier)
+                shutil.rmtree(earlier)
+            os.replace(temporary, directory)
+    finally:
+        if is_main and temporary.exists():
+            shutil.rmtree(temporary)
+
+
+def _require_free(out: pathlib.Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out}: exists and is not empty; choose a new directory (nothing there is replaced)")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -246,6 +273,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 @entry_point("trainer.export: ")
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    _require_free(pathlib.Path(args.out))
     run = read_run(args.run, tokenizer=args.tokenizer)
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")

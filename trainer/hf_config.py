@@ -22,6 +22,8 @@ def require_gemma3(config: gm.nn.config.TransformerConfig) -> None:
         raise ValueError(f"not a Gemma 3 architecture: {', '.join(missing)} off")
     if config.local_scale_factor != 1.0:
         raise ValueError(f"local_scale_factor {config.local_scale_factor}: Gemma 3 scales only the global RoPE")
+    if config.attn_logits_soft_cap is not None:  # transformers' Gemma3Attention never applies attn_logit_softcapping
+        raise ValueError(f"attn_logits_soft_cap {config.attn_logits_soft_cap}: Gemma 3 has no attention softcap")
     if config.num_heads == config.num_kv_heads:
         raise ValueError("num_heads == num_kv_heads: gm fuses q, k and v into qkv_einsum, which Gemma 3 never does")
 
@@ -62,7 +64,7 @@ def model_config_json(config: gm.nn.config.TransformerConfig, *, dtype: str, bos
         "rope_local_base_freq": float(config.local_base_frequency),
         "rope_scaling": rope_scaling,
         "final_logit_softcapping": config.final_logit_softcap,
-        "attn_logit_softcapping": config.attn_logits_soft_cap,
+        "attn_logit_softcapping": None,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": True,  # gm decodes with the input embedding

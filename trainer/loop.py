@@ -324,9 +324,19 @@ class _StepLoop:
 
 def export_final(workdir: pathlib.Path, state, frozen) -> None:
     """WORKDIR/export/params: a plain Gemma tree for gm.ckpts.load_params (LoRA merged in);
-    with LoRA also WORKDIR/export/lora, the adapters alone."""
+    with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
+    Hugging Face directory (bfloat16) that serving stacks load. A failed HF export only warns: the
+    weights are safe in export/params, and `python -m trainer.export` writes it again."""
+    from trainer import export  # trainer.export reads runs through this module
+
     export_dir = workdir / "export"
     if frozen is not None:
         checkpoint.export_params(state["params"], export_dir / "lora")
     base = jax.tree.map(lambda p: p.astype(jnp.float32), frozen)
-    checkpoint.export_params(models.merge_lora_into_base(step.model_params(state["params"], base)), export_dir / "params")
+    merged = models.merge_lora_into_base(step.model_params(state["params"], base))
+    checkpoint.export_params(merged, export_dir / "params")
+    try:
+        export.write_final_export(export_dir / "hf", workdir, merged)
+    except (OSError, UserError) as error:
+        checkpoint.print_warning(f"{export_dir / 'hf'}: the Hugging Face export failed ({error}); the weights are in "
+                                 f"{export_dir / 'params'}: run python -m trainer.export --run {workdir} --format hf --out DIR")

@@ -1,6 +1,8 @@
 """The data side alone: `python -m bench.data_pipeline [--quick]`.
 
 - prepare throughput (MB/s of raw text) for 1, the CPU count and twice the CPU count of tokenizer threads;
+- prepare throughput on JSONL chat rows (rows/s and tokens/s; Gemma's chat template, loss mask on the
+  model's turns), with a tokenizer trained for chat;
 - peak memory (RSS) of `python -m trainer.prepare` on a large generated input (2 GB; --quick: 64 MB);
 - loader throughput (trainer.data.batches, without its background prefetch) against the time one
   training step of ours takes on the same batch shape;
@@ -29,11 +31,16 @@ from bench.baseline import tokenize_row
 from bench.stats import mib
 from trainer import data as data_lib
 from trainer import flops, hardware, models
+from trainer.chat_corpus import write_chat_corpus
 from trainer.prepare import prepare
+from trainer.tokenizer import load_tokenizer, train_tokenizer
 
 _MB = 10**6
 PREPARE_SCALING_MB = {"full": 128, "quick": 16}
 PREPARE_MEMORY_MB = {"full": 2000, "quick": 64}
+PREPARE_CHAT_MB = {"full": 128, "quick": 16}
+# The generated chat corpus repeated into the chat input, and its tokenizer's training set.
+CHAT_CONVERSATIONS = 20_000
 LOADER_BATCHES = {"full": 50, "quick": 10}
 # Rows x sequence of the packing fill report: the tutorial's batch and sequence.
 FILL_SHAPE = (128, 256)
@@ -66,6 +73,29 @@ def prepare_scaling(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megab
         single = single or rate
         print(f"  workers {workers}: {rate:6.1f} MB/s ({rate / single:.2f}x one worker)")
         shutil.rmtree(output)
+
+
+def prepare_chat(workdir: pathlib.Path, megabytes: int) -> None:
+    """trainer.prepare on JSONL chat rows (the generated chat corpus repeated), default loss on completions."""
+    conversations = workdir / f"chat-{CHAT_CONVERSATIONS}.jsonl"
+    if not conversations.exists():
+        write_chat_corpus(conversations, num_conversations=CHAT_CONVERSATIONS, seed=0)
+    tokenizer_path = workdir / "chat-tokenizer.model"
+    if not tokenizer_path.exists():
+        train_tokenizer(conversations, tokenizer_path, vocab_size=512, seed=0)
+    rows = repeated_text(conversations, workdir / f"chat-{megabytes}MB.jsonl", megabytes)
+    size_mb = rows.stat().st_size / _MB
+    workers = os.cpu_count() or 1
+    output = workdir / f"prepared-chat-{megabytes}MB"
+    shutil.rmtree(output, ignore_errors=True)
+    start = time.perf_counter()
+    meta = prepare(rows, tokenizer_path, output, workers=workers)
+    seconds = time.perf_counter() - start
+    print(f"[prepare chat] {size_mb:.0f} MB of JSONL chat rows ({meta['data_format']}, loss on {meta['loss_on']}), "
+          f"tokenizer {load_tokenizer(tokenizer_path).vocab_size} pieces, {workers} workers: "
+          f"{meta['documents'] / seconds:,.0f} rows/s, {meta['tokens'] / seconds:,.0f} tokens/s, {size_mb / seconds:.1f} MB/s "
+          f"({meta['documents']:,} rows, {meta['tokens']:,} tokens, {seconds:.0f} s)")
+    shutil.rmtree(output)
 
 
 # Runs argv[1:] and prints the child's peak RSS in KiB (Linux).
@@ -160,6 +190,7 @@ def run(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, *, quick: bool, s
     packing_fill(inputs, seq_len=seq_len, batch_size=batch_size)
     loader_vs_step(inputs, step_seconds, LOADER_BATCHES[mode])
     prepare_scaling(inputs, workdir, PREPARE_SCALING_MB[mode])
+    prepare_chat(workdir, PREPARE_CHAT_MB[mode])
     prepare_memory(inputs, workdir, PREPARE_MEMORY_MB[mode])
 
 
@@ -182,8 +213,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.data_pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller inputs, fewer batches")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="generated inputs and outputs go here")
+    parser.add_argument("--chat-only", action="store_true", help="only the prepare throughput on JSONL chat rows")
     args = parser.parse_args(argv)
     workdir = pathlib.Path(args.workdir)
+    if args.chat_only:
+        (workdir / "data_pipeline").mkdir(parents=True, exist_ok=True)
+        prepare_chat(workdir / "data_pipeline", PREPARE_CHAT_MB["quick" if args.quick else "full"])
+        return 0
     inputs = inputs_lib.build_inputs(workdir)
     run(inputs, workdir / "data_pipeline", quick=args.quick, step_seconds=measure_step_seconds(inputs, quick=args.quick))
     return 0

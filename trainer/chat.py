@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from sentencepiece import sentencepiece_model_pb2
-
 from trainer.errors import UserError
 from trainer.formats import EMPTY_CONTENT, InvalidRow
 
@@ -43,7 +41,7 @@ def _turns(messages) -> list[tuple[str, str]]:
     turns = []
     for number, (role, content) in enumerate(messages, start=1):
         if role not in _ROLES:
-            raise InvalidRow(UNKNOWN_ROLE, f"message {number} has role {role!r}; roles are {', '.join(_ROLES)}")
+            raise InvalidRow(UNKNOWN_ROLE, f"message {number} has role {role!r}, not one of {', '.join(_ROLES)}")
         if not content.strip():
             raise InvalidRow(EMPTY_CONTENT, f"message {number} ({role}) has no content")
         turns.append((_ROLES[role], content))
@@ -65,7 +63,7 @@ def render(messages, *, loss_on: str) -> list[Piece]:
     """The pieces of a conversation ((role, content), ...); InvalidRow for one that cannot be trained on."""
     turns = _turns(messages)
     if loss_on == COMPLETIONS and not any(role == MODEL for role, _ in turns):
-        raise InvalidRow(NO_MODEL_TURN, "no model (assistant) message to train on; pass --loss-on all to train on it")
+        raise InvalidRow(NO_MODEL_TURN, "no model or assistant message to train on, which --loss-on all does not need")
     return [piece for role, content in turns
             for piece in _turn(role, content, trained=loss_on == ALL or role == MODEL, header_trained=loss_on == ALL)]
 
@@ -89,6 +87,8 @@ def turn_token_ids(tokenizer) -> dict[str, int]:
     if missing:
         raise UserError(f"tokenizer {tokenizer.path}: no {' or '.join(missing)} piece, which chat data needs; use "
                         "Gemma 3's tokenizer (--tokenizer official) or one trained for chat (--preset tiny-chat)")
+    from sentencepiece import sentencepiece_model_pb2  # here: trainer.config reads LOSS_ON without SentencePiece
+
     spec = sentencepiece_model_pb2.ModelProto.FromString(processor.serialized_model_proto()).normalizer_spec
     if spec.add_dummy_prefix:
         raise UserError(f"tokenizer {tokenizer.path}: adds a space before every text (add_dummy_prefix), so chat "

@@ -1,4 +1,4 @@
-"""The trainer's options: one table of flags, a YAML file with the same keys, and the `tiny` preset.
+"""The trainer's options: one table of flags, a YAML file with the same keys, and the `tiny` and `tiny-chat` presets.
 
 Precedence, lowest first: built-in defaults, `--preset`, the `--config` YAML file, the command line.
 Every bad value raises `UserError` naming the flag (or the YAML key and file) and what is allowed.
@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from trainer import chat, formats
 from trainer.errors import UserError
 
 # The one table of models: name -> (gemma class, official pre-trained checkpoint). Text-only
@@ -37,7 +38,7 @@ def model_names() -> tuple[str, ...]:
 
 LR_SCHEDULES = ("cosine", "constant")
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.precision's choice for the platform
-PRESETS = ("tiny",)
+PRESETS = ("tiny", "tiny-chat")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
 LOG_FORMATS = ("text", "json")
@@ -57,7 +58,10 @@ class TrainConfig:
     model: str = "gemma3-270m"
     weights: str = "official"  # official | random | a local or gs:// checkpoint path
     tokenizer: str | None = None  # None: the model's official tokenizer (required for `tiny`)
-    data: str | None = None  # raw text file or a `trainer.prepare` output directory
+    data: str | None = None  # raw text, JSONL or Parquet file, or a `trainer.prepare` output directory
+    data_format: str = formats.AUTO  # how a raw --data file is read (trainer.formats)
+    loss_on: str = chat.COMPLETIONS  # chat data: train the model's turns only, or every token
+    on_bad_row: str = formats.FAIL  # a raw --data file's unusable rows: fail or skip (counted)
     seq_len: int = 256
     batch_size: int = 128  # global, over all processes
     steps: int | None = None  # None: train `epochs` passes over the data
@@ -116,6 +120,10 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
         workdir="runs/demo",
     ),
 }
+# `--preset tiny-chat`: the same model taught to answer a generated chat corpus (trainer.chat_corpus),
+# trained on the model's turns only. Conversations are short (~35 tokens), so a row packs several.
+PRESET_VALUES["tiny-chat"] = {**PRESET_VALUES["tiny"], "steps": 300, "warmup_steps": 30, "eval_interval": 100,
+                              "checkpoint_interval": 100, "log_interval": 20, "workdir": "runs/chat-demo"}
 
 
 def _positive_int(text: str) -> int:
@@ -213,7 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", choices=model_names(), help=f"model to fine-tune (default {d.model})")
     add("--weights", help=f"initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
-    add("--data", help="a raw text file (documents separated by <|endoftext|>) or a directory made by python -m trainer.prepare")
+    add("--data", help="a raw file, prepared once into WORKDIR/data_cache: text (documents separated by <|endoftext|>), JSON Lines "
+        "(.jsonl) or Parquet (.parquet) of text, chat (messages) or prompt/response rows; or a directory made by python -m trainer.prepare")
+    add("--data-format", choices=formats.DATA_FORMATS, help="how a raw --data file is read; auto: by its extension and first row's "
+        f"keys (default {d.data_format})")
+    add("--loss-on", choices=chat.LOSS_ON, help="chat and prompt/response data: train on the model's turns only (completions) or "
+        f"on every token (all); text is trained on whole (default {d.loss_on})")
+    add("--on-bad-row", choices=formats.ON_BAD_ROW, help="a raw --data file's unusable row (not JSON, a key missing, an unknown role, "
+        f"empty, too long, no model turn): stop naming its line (fail) or leave it out, counted in the log (skip) (default {d.on_bad_row})")
     add("--seq-len", type=_positive_int, help=f"tokens per packed row (default {d.seq_len})")
     add("--batch-size", type=_positive_int, help=f"global batch size in rows, over all processes (default {d.batch_size})")
     add("--steps", type=_positive_int, help="training steps; when unset, --epochs passes over the data")
@@ -233,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--keep-checkpoints", type=_positive_int, help=f"checkpoints kept (default {d.keep_checkpoints})")
     add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")
     add("--seed", type=_int, help=f"seed for initialisation and data order (default {d.seed})")
-    add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run)")
+    add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run); "
+        "tiny-chat: the same on a generated chat corpus, trained on the model's answers")
     add("--config", help="YAML file whose keys are these flags' names with underscores; flags given here override it")
     add("--log-interval", type=_positive_int, help=f"steps between metric reports (default {d.log_interval})")
     add("--log-format", choices=LOG_FORMATS, help="how reports print on stdout: text (a progress bar on a terminal, a plain line "
@@ -335,6 +351,7 @@ def _check_consistency(config: TrainConfig) -> None:
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
     if config.preset is None:
         if config.data is None:
-            raise UserError("--data is required: a raw text file or a python -m trainer.prepare directory (or use --preset tiny)")
+            raise UserError("--data is required: a raw text, JSONL or Parquet file or a python -m trainer.prepare directory "
+                            "(or use --preset tiny or tiny-chat)")
         if config.model == "tiny" and config.tokenizer is None:
             raise UserError("--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny")

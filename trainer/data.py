@@ -98,7 +98,7 @@ def _cache_name(text_path: pathlib.Path, tokenizer_sha256: str, options: dict) -
 
 
 def open_data(data: str, *, tokenizer_path: str, cache_dir: str, data_format: str = formats.AUTO,
-              loss_on: str = chat.COMPLETIONS, on_bad_row: str = prepare_lib.FAIL, log=lambda message: None) -> TokenizedData:
+              loss_on: str = chat.COMPLETIONS, on_bad_row: str = formats.FAIL, log=lambda message: None) -> TokenizedData:
     """Opens `data`: a directory made by `trainer.prepare` (checked against the tokenizer) or a raw
     file (text, JSONL or Parquet: trainer.formats), which is prepared once into `cache_dir` with
     `data_format`, `loss_on` and `on_bad_row` and reused while it, the tokenizer and those are unchanged."""
@@ -113,6 +113,10 @@ def open_data(data: str, *, tokenizer_path: str, cache_dir: str, data_format: st
                 f"(vocabulary {meta['tokenizer']['vocab_size']}), not with --tokenizer {tokenizer_path} "
                 f"(vocabulary {tokenizer.vocab_size}); pass that tokenizer or prepare the data again"
             )
+        prepared_as = meta.get("data_format", formats.TEXT)
+        if data_format not in (formats.AUTO, prepared_as):
+            raise UserError(f"--data-format {data_format}: --data {data} was prepared from {prepared_as}; leave "
+                            "--data-format out for a prepared directory, or prepare the raw file again")
     elif data_path.is_file():
         options = {"data_format": data_format, "loss_on": loss_on}
         directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, options)

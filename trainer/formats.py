@@ -36,6 +36,10 @@ KIND_KEYS = {CHAT: ("messages",), PROMPT_RESPONSE: ("prompt", "response"), TEXT:
 # Why a row is refused; the keys of meta.json's "skipped_rows".
 NOT_JSON, MISSING_KEY, WRONG_TYPE, EMPTY_CONTENT, TOO_LONG = "not-json", "missing-key", "wrong-type", "empty-content", "too-long"
 
+# What trainer.prepare does with an InvalidRow: stop naming it, or leave it out and count it.
+FAIL, SKIP = "fail", "skip"
+ON_BAD_ROW = (FAIL, SKIP)
+
 _READ_BYTES = 1 << 20
 # A text "document" this long means the separator never occurs where the user thinks it does.
 _MAX_DOCUMENT_CHARS = 64 << 20

@@ -19,6 +19,7 @@ from trainer import checkpoint, flops, mesh, models, precision, sampling, shared
 from trainer import data as data_lib
 from trainer import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
+from trainer.chat_corpus import write_chat_corpus
 from trainer.corpus import write_corpus
 from trainer.errors import UserError
 from trainer.loss import choose_vocab_chunk
@@ -27,8 +28,9 @@ from trainer.plot import plot_loss
 from trainer.preemption import PreemptionNotice
 from trainer.throughput import ThroughputMeter
 
-# The demo's generated inputs (`--preset tiny` without --data / --tokenizer).
+# The demo's generated inputs (`--preset tiny` or `tiny-chat` without --data / --tokenizer).
 DEMO_STORIES = 4000
+DEMO_CONVERSATIONS = 4000
 DEMO_VOCAB_SIZE = 512
 # Steps after the first of a run whose profile `--profile-dir` captures (past compilation).
 PROFILE_STEPS = range(3, 6)
@@ -122,8 +124,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
             reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}{done}")
         forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype)  # noqa: E731
+        sample = lambda state: sampling.sample_text(model, forward_params(state), inputs.tokenizer,  # noqa: E731
+                                                    chat_template=inputs.data.is_chat)
         if config.samples:
-            reporter.text("samples/before", start_step, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
+            reporter.text("samples/before", start_step, sample(state))
         loop = _StepLoop(
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
             checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(optimizer_config), inputs=inputs,
@@ -138,7 +142,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         finally:
             checkpointer.close()
         if config.samples:
-            reporter.text("samples/after", total_steps, sampling.sample_text(model, forward_params(state), inputs.tokenizer))
+            reporter.text("samples/after", total_steps, sample(state))
     export_final(workdir, state, frozen)
     if is_main:
         plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
@@ -146,27 +150,46 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
 
 
 def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
-    """The tokenizer and the opened data; `--preset tiny` generates what it is not given.
+    """The tokenizer and the opened data; `--preset tiny` (stories) and `tiny-chat` (conversations)
+    generate what they are not given. A tokenizer trained here for chat data has the turn markers.
 
     What is generated or prepared in the workdir is made by process 0 while the others wait
     (mesh.process_zero_first): a multi-host slice shares one workdir.
     """
     generated = workdir / "data"
-    data_source = config.data or str(generated / "corpus.txt")  # no --data only with --preset (parse_config)
+    chat_demo = config.preset == "tiny-chat"
+    # No --data only with --preset (parse_config).
+    data_source = config.data or str(generated / ("chat.jsonl" if chat_demo else "corpus.txt"))
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
         tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else models.OFFICIAL_TOKENIZER
 
     def make_and_open():
         if config.data is None and not pathlib.Path(data_source).exists():
-            write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
+            if chat_demo:
+                write_chat_corpus(data_source, num_conversations=DEMO_CONVERSATIONS, seed=config.seed)
+            else:
+                write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
         if config.tokenizer is None and config.model == models.TINY and not pathlib.Path(tokenizer_path).exists():
-            tokenizer_lib.train_tokenizer(data_source, tokenizer_path, vocab_size=DEMO_VOCAB_SIZE, seed=config.seed)
-        return data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"))
+            tokenizer_lib.train_tokenizer(data_source, tokenizer_path, vocab_size=DEMO_VOCAB_SIZE, seed=config.seed,
+                                          data_format=config.data_format)
+        return data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"),
+                                  data_format=config.data_format, loss_on=config.loss_on, on_bad_row=config.on_bad_row)
 
     data = mesh.process_zero_first(f"the inputs in {workdir}", make_and_open)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     return Inputs(data=data, tokenizer=tokenizer, data_source=data_source, tokenizer_path=tokenizer_path)
+
+
+def describe_data(inputs: Inputs) -> str:
+    """The data line a run starts with: what was read as what, and what was left out."""
+    data = inputs.data
+    skipped = data.meta.get("skipped_rows", {})
+    line = (f"{inputs.data_source}: {data.data_format}, {data.documents} documents, {data.tokens} tokens, "
+            f"loss on {data.meta.get('loss_on', 'all')}")
+    if skipped:
+        line += f"; skipped {sum(skipped.values())} bad rows (" + ", ".join(f"{r} {n}" for r, n in skipped.items()) + ")"
+    return line
 
 
 def batch_digest(local_batch: dict) -> str:
@@ -213,6 +236,10 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
     resolved = {
         **dataclasses.asdict(config),
         "data": inputs.data_source,
+        # What the data is, as prepared (the options above are what was asked for).
+        "data_format": inputs.data.data_format,
+        "loss_on": inputs.data.meta.get("loss_on", "all"),
+        "skipped_rows": inputs.data.meta.get("skipped_rows", {}),
         "tokenizer": inputs.tokenizer_path,
         "checkpoint_dir": config.resolved_checkpoint_dir,
         "tensorboard_dir": config.resolved_tensorboard_dir,
@@ -240,6 +267,7 @@ class _StepLoop:
     throughput: ThroughputMeter
     preemption: PreemptionNotice
     last_good_checkpoint: int | None = None
+    data_stated: bool = False
 
     def run(self, state, train_batches, start_step: int):
         config = self.config
@@ -273,6 +301,10 @@ class _StepLoop:
             if due_eval:
                 report.update(self._evaluate(state))
             if report:
+                if not self.data_stated:
+                    # With the first report, not before step 1: a run that fails there prints nothing on stdout.
+                    self.reporter.text("data", step_number, describe_data(self.inputs))
+                    self.data_stated = True
                 self.reporter.report(step_number, report)
             if due_checkpoint or preempted:
                 self.checkpointer.save(step_number, state, train_batches)

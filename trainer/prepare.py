@@ -37,6 +37,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from trainer import chat, contract, formats
 from trainer.corpus import SEPARATOR
 from trainer.errors import UserError, entry_point
+from trainer.formats import read_documents  # noqa: F401  (bench.inputs reads the text documents from here)
 from trainer.shared_files import replaced_atomically
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
@@ -47,8 +48,6 @@ READABLE_FORMATS = (1, 2)
 # padded to a whole byte. meta.json's "loss_mask" names this layout; null means tokens alone (all trained).
 LOSS_MASK_BITS = "bits-after-tokens"
 MASK_BIT_ORDER = "little"
-FAIL, SKIP = "fail", "skip"
-ON_BAD_ROW = (FAIL, SKIP)
 META_FILE = contract.PREPARED_MARKER_FILE  # written last: its presence marks the output complete
 LENGTHS_FILE = "lengths.npy"
 TOKEN_DTYPE = np.dtype("<i4")
@@ -191,7 +190,7 @@ def _documents(rows, kind: str, *, loss_on: str, on_bad_row: str, name: str, ref
                 raise row
             yield [chat.Piece(row.text, trained=True)] if kind == formats.TEXT else chat.render(row.messages, loss_on=loss_on)
         except formats.InvalidRow as invalid:
-            if on_bad_row == FAIL:
+            if on_bad_row == formats.FAIL:
                 raise UserError(f"data file {name} {location}: {invalid.reason} ({invalid.detail}); fix the row or "
                                 "pass --on-bad-row skip to leave such rows out") from None
             refused[invalid.reason] += 1
@@ -200,7 +199,7 @@ def _documents(rows, kind: str, *, loss_on: str, on_bad_row: str, name: str, ref
 
 def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: pathlib.Path, *, on_bad_row, workers,
                     shard_bytes, max_row_bytes, log):
-    name = source.get("url") or source["path"]
+    name = source.get("url") or str(input_path)
     data_format = formats.detect(input_path, source["data_format"], name=name)
     kind = formats.kind_of(data_format)
     loss_on = chat.ALL if kind == formats.TEXT else source["loss_on"]
@@ -301,7 +300,7 @@ def _check_reusable(meta: dict, directory: pathlib.Path, tokenizer: Tokenizer, s
 
 
 def prepare(source, tokenizer_path, output_dir, *, data_format=formats.AUTO, loss_on=chat.COMPLETIONS,
-            on_bad_row=FAIL, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES, download_dir=None,
+            on_bad_row=formats.FAIL, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES, download_dir=None,
             max_row_bytes=formats.MAX_ROW_BYTES, log=lambda message: None) -> dict:
     """Tokenizes `source` (a local file or an http(s):// URL) into `output_dir` (see the module
     docstring) and returns its meta. `data_format` (trainer.formats; auto detects it), `loss_on`
@@ -311,9 +310,9 @@ def prepare(source, tokenizer_path, output_dir, *, data_format=formats.AUTO, los
     source, output_dir = str(source), pathlib.Path(output_dir)
     if data_format not in formats.DATA_FORMATS:
         raise UserError(f"--data-format {data_format}: unknown; choose from {', '.join(formats.DATA_FORMATS)}")
-    if loss_on not in chat.LOSS_ON or on_bad_row not in ON_BAD_ROW:
+    if loss_on not in chat.LOSS_ON or on_bad_row not in formats.ON_BAD_ROW:
         raise UserError(f"--loss-on {loss_on} / --on-bad-row {on_bad_row}: choose --loss-on from "
-                        f"{', '.join(chat.LOSS_ON)} and --on-bad-row from {', '.join(ON_BAD_ROW)}")
+                        f"{', '.join(chat.LOSS_ON)} and --on-bad-row from {', '.join(formats.ON_BAD_ROW)}")
     identity = _source_identity(source, {"separator": separator, "data_format": data_format, "loss_on": loss_on})
     tokenizer = load_tokenizer(tokenizer_path)
     if output_dir.exists() and not output_dir.is_dir():
@@ -358,7 +357,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--loss-on", choices=chat.LOSS_ON, default=chat.COMPLETIONS,
                         help="for chat and prompt/response rows: train on the model's turns only (completions) "
                              "or on every token (all); text is trained on whole (default completions)")
-    parser.add_argument("--on-bad-row", choices=ON_BAD_ROW, default=FAIL,
+    parser.add_argument("--on-bad-row", choices=formats.ON_BAD_ROW, default=formats.FAIL,
                         help="a row that is not usable (not JSON, a key missing, an unknown role, empty, too long, "
                              "no model turn to train on): stop with its line (fail) or leave it out and count it "
                              "in meta.json (skip) (default fail)")

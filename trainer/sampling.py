@@ -1,4 +1,9 @@
-"""Greedy sample generations from fixed prompts, to see what fine-tuning changed."""
+"""Sample generations: from fixed prompts before and after training, and for `python -m trainer.generate`.
+
+Greedy by default; with a temperature, sampled from the softmax of logits / temperature, cut to the
+smallest set of tokens whose probability reaches top_p. For chat data the prompt is a user turn of
+Gemma's template (trainer.chat) and the generation stops at <end_of_turn>.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainer import loss
+from trainer import chat, loss
+from trainer.chat_corpus import SAMPLE_PROMPTS as CHAT_PROMPTS
 
 # Openings in the style of the stories the demo and TinyStories train on.
 PROMPTS = ("Once upon a time", "One day, a little girl named")
-# One buffer length for every prompt, so the decoder compiles once.
+# One buffer length for every prompt, so the decoder compiles once (chat prompts are longer).
 BUFFER_TOKENS = 64
+CHAT_BUFFER_TOKENS = 128
+
+
+def _top_p_logits(logits: jax.Array, top_p: jax.Array) -> jax.Array:
+    """`logits` with -inf outside the most likely tokens whose probabilities first reach `top_p`."""
+    order = jnp.argsort(-logits)
+    probabilities = jax.nn.softmax(logits[order])
+    before = jnp.cumsum(probabilities) - probabilities  # the most likely token is always kept
+    keep = jnp.zeros(logits.shape, bool).at[order].set(before < top_p)
+    return jnp.where(keep, logits, -jnp.inf)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def _greedy(model, params, tokens: jax.Array, prompt_length: jax.Array) -> jax.Array:
-    """Fills tokens[0, prompt_length:] one by one with the most likely next token.
+def _decode(model, params, tokens: jax.Array, prompt_length: jax.Array, key: jax.Array, temperature: jax.Array,
+            top_p: jax.Array) -> jax.Array:
+    """Fills tokens[0, prompt_length:] one by one: the most likely next token at temperature 0, else a
+    top-p sample at that temperature.
 
     Recomputes the whole (short) buffer per token instead of keeping a KV cache: simpler, and the
     causal mask makes the not-yet-written positions irrelevant.
@@ -30,24 +48,59 @@ def _greedy(model, params, tokens: jax.Array, prompt_length: jax.Array) -> jax.A
     def next_token(index, tokens):
         batch = {"input_tokens": tokens, "positions": positions, "segment_ids": segment_ids}
         hidden = loss.hidden_states(model, params, batch)[0, index - 1]
-        logits = hidden @ params["embedder"]["input_embedding"].T
-        return tokens.at[0, index].set(jnp.argmax(logits).astype(tokens.dtype))
+        logits = (hidden @ params["embedder"]["input_embedding"].T).astype(jnp.float32)
+        greedy = jnp.argmax(logits)
+        sampled = jax.random.categorical(jax.random.fold_in(key, index),
+                                         _top_p_logits(logits / jnp.maximum(temperature, 1e-6), top_p))
+        token = jnp.where(temperature > 0, sampled, greedy)
+        return tokens.at[0, index].set(token.astype(tokens.dtype))
 
     return jax.lax.fori_loop(prompt_length, length, next_token, tokens)
 
 
-def generate(model, params, tokenizer, prompt: str) -> str:
-    """The prompt continued greedily up to BUFFER_TOKENS tokens, cut at the first end of document."""
-    # Documents start with BOS in training (trainer.data), so prompts do too.
-    prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)][: BUFFER_TOKENS - 1]
-    buffer = np.zeros((1, BUFFER_TOKENS), np.int32)
+def generate_ids(model, params, prompt_ids: list[int], *, buffer_tokens: int | None = None, max_new_tokens: int | None = None,
+                 stop_ids, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[int]:
+    """The ids generated after `prompt_ids`, cut before the first of `stop_ids`: `max_new_tokens` at
+    most, or as many as fill `buffer_tokens` (a fixed length compiles once for several prompts; the
+    prompt fills at most buffer_tokens - 1)."""
+    buffer_tokens = buffer_tokens or len(prompt_ids) + max_new_tokens
+    prompt_ids = prompt_ids[: buffer_tokens - 1]
+    buffer = np.zeros((1, buffer_tokens), np.int32)
     buffer[0, : len(prompt_ids)] = prompt_ids
-    generated = np.asarray(_greedy(model, params, jnp.asarray(buffer), len(prompt_ids)))[0, len(prompt_ids) :].tolist()
-    if tokenizer.eos_id in generated:
-        generated = generated[: generated.index(tokenizer.eos_id)]
+    filled = _decode(model, params, jnp.asarray(buffer), len(prompt_ids), jax.random.key(seed), jnp.float32(temperature),
+                     jnp.float32(top_p))
+    generated = np.asarray(filled)[0, len(prompt_ids):].tolist()
+    stops = [generated.index(stop) for stop in stop_ids if stop in generated]
+    return generated[: min(stops)] if stops else generated
+
+
+def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """BOS and the prompt as a user turn, up to the opening of the model's turn."""
+    (ids, _), = chat.tokenize(tokenizer, [chat.render_prompt(prompt)])
+    return [tokenizer.bos_id, *ids]
+
+
+def complete(model, params, tokenizer, prompt: str, *, chat_template: bool, **generation) -> str:
+    """For chat, the model's answer to `prompt` as a user turn; for text, `prompt` continued.
+    `generation`: generate_ids' buffer_tokens or max_new_tokens, temperature, top_p, seed."""
+    if chat_template:
+        end_of_turn = chat.turn_token_ids(tokenizer)[chat.END_OF_TURN]
+        generated = generate_ids(model, params, chat_prompt_ids(tokenizer, prompt),
+                                 stop_ids=(end_of_turn, tokenizer.eos_id), **generation)
+        return tokenizer.decode(generated)
+    # Documents start with BOS in training (trainer.data), so prompts do too.
+    prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
+    if generation.get("buffer_tokens"):
+        prompt_ids = prompt_ids[: generation["buffer_tokens"] - 1]
+    generated = generate_ids(model, params, prompt_ids, stop_ids=(tokenizer.eos_id,), **generation)
     return tokenizer.decode(prompt_ids[1:] + generated)
 
 
-def sample_text(model, params, tokenizer) -> str:
-    """One line per fixed prompt."""
-    return "\n".join(f"[{i + 1}] {generate(model, params, tokenizer, prompt)}" for i, prompt in enumerate(PROMPTS))
+def sample_text(model, params, tokenizer, *, chat_template: bool = False) -> str:
+    """One greedy line per fixed prompt: a story opening continued, or for chat data a question and its answer."""
+    if chat_template:
+        answers = (complete(model, params, tokenizer, prompt, chat_template=True, buffer_tokens=CHAT_BUFFER_TOKENS)
+                   for prompt in CHAT_PROMPTS)
+        return "\n".join(f"[{i + 1}] {prompt} -> {answer}" for i, (prompt, answer) in enumerate(zip(CHAT_PROMPTS, answers)))
+    return "\n".join(f"[{i + 1}] {complete(model, params, tokenizer, prompt, chat_template=False, buffer_tokens=BUFFER_TOKENS)}"
+                     for i, prompt in enumerate(PROMPTS))

@@ -6,7 +6,12 @@ Each case runs in a folder of its own that holds `tokenizer.model` (a SentencePi
 and `prepared/` (a corpus made by `python -m trainer.prepare` with it), plus the case's files, with
 BASE_ARGS and then the case's flags (a later flag replaces an earlier one)."""
 
+import io
+import json
 from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from trainer.corpus import SEPARATOR
 
@@ -17,6 +22,15 @@ OPEN_END = " …"  # an expected error ending so is the start of the line; the r
 # Above trainer.prepare's limit of 64 Mi characters without a separator.
 HUGE_DOCUMENT = 65 << 20
 STORY = "Once upon a time there was a little cat. She liked to play in the sun."
+CHAT = json.dumps({"messages": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"}]})
+SKIP_HINT = "; fix the row or pass --on-bad-row skip to leave such rows out"
+
+
+def _parquet(rows: list[dict]) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out.getvalue()
+
 
 FLAGS = "Trainer flags"
 CONFIG_FILE = "Trainer config file (--config)"
@@ -25,7 +39,8 @@ MODEL_FILES = "Tokenizer, weights, checkpoints and the run directory"
 SECTIONS = {
     FLAGS: "`python -m trainer` with a bad flag or a contradictory combination.",
     CONFIG_FILE: "A YAML file given with `--config run.yaml`: its keys are the flag names with underscores.",
-    DATA: "A raw text file (documents separated by `<|endoftext|>`) or a `python -m trainer.prepare` directory.",
+    DATA: "A raw text file (documents separated by `<|endoftext|>`), a JSONL or Parquet file of text, chat or "
+          "prompt/response rows, or a `python -m trainer.prepare` directory.",
     MODEL_FILES: "Files the run reads or writes besides the data.",
 }
 
@@ -99,7 +114,16 @@ CASES = (
     BadRun(section=FLAGS, case="official weights of the tiny model", args=("--weights", "official"),
            error="--model tiny has no official weights: use --weights random or a checkpoint path"),
     BadRun(section=FLAGS, case="no --data", base=False, args=("--model", "gemma3-1b"),
-           error="--data is required: a raw text file or a python -m trainer.prepare directory (or use --preset tiny)"),
+           error="--data is required: a raw text, JSONL or Parquet file or a python -m trainer.prepare directory "
+           "(or use --preset tiny or tiny-chat)"),
+    BadRun(section=FLAGS, case="unknown data format", args=("--data-format", "csv"),
+           error="argument --data-format: invalid choice: 'csv' (choose from 'auto', 'text', 'jsonl-text', 'jsonl-chat', "
+           "'jsonl-prompt-response', 'parquet-text', 'parquet-chat', 'parquet-prompt-response')" + HELP),
+    BadRun(section=FLAGS, case="unknown bad-row policy", args=("--on-bad-row", "ignore"),
+           error="argument --on-bad-row: invalid choice: 'ignore' (choose from 'fail', 'skip')" + HELP),
+    BadRun(section=FLAGS, case="a data format for a prepared directory", args=("--data-format", "jsonl-chat"),
+           error="--data-format jsonl-chat: --data prepared was prepared from text; leave --data-format out for a "
+           "prepared directory, or prepare the raw file again"),
     BadRun(section=FLAGS, case="tiny model without a tokenizer", base=False,
            args=("--model", "tiny", "--weights", "random", "--data", "prepared"),
            error="--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny"),
@@ -138,7 +162,8 @@ CASES = (
            "(passes over the data), not both"),
     # Data files
     BadRun(section=DATA, case="missing", args=("--data", "stories.txt"),
-           error="--data stories.txt: not found; pass a text file or a directory made by `python -m trainer.prepare`"),
+           error="--data stories.txt: not found; pass a text, JSONL or Parquet file or a directory made by "
+           "`python -m trainer.prepare`"),
     BadRun(section=DATA, case="empty", args=("--data", "stories.txt"), files={"stories.txt": b""}, described="(0 bytes)",
            error=f"data file stories.txt: no text in it; pass a file of documents separated by {SEPARATOR!r}"),
     BadRun(section=DATA, case="only blank lines", args=("--data", "stories.txt"), files={"stories.txt": b"\n  \n\n"},
@@ -167,6 +192,43 @@ CASES = (
     BadRun(section=DATA, case="one document", args=("--data", "stories.txt"),
            files={"stories.txt": f"{STORY * 500}{SEPARATOR}".encode()}, described="(one long story)",
            error="--batch-size 4: 1 training documents cannot fill 4 batch rows; lower the batch size or add documents"),
+    BadRun(section=DATA, case="JSONL line that is not JSON", args=("--data", "chats.jsonl"),
+           files={"chats.jsonl": f"{CHAT}\n{{'role': 'user'}}\n".encode()}, described="(line 2 in single quotes)",
+           error="data file chats.jsonl line 2: not-json (not JSON (Expecting property name enclosed in double quotes))"
+           + SKIP_HINT),
+    BadRun(section=DATA, case="chat with an unknown role", args=("--data", "chats.jsonl"),
+           files={"chats.jsonl": CHAT.replace("assistant", "bot").encode() + b"\n"}, described="(role `bot`)",
+           error="data file chats.jsonl line 1: unknown-role (message 2 has role 'bot', not one of user, model, "
+           "assistant, system)" + SKIP_HINT),
+    BadRun(section=DATA, case="chat without a model turn", args=("--data", "chats.jsonl"),
+           files={"chats.jsonl": f"{CHAT}\n".encode() + json.dumps({"messages": [{"role": "user", "content": "Hi!"}]}).encode()},
+           described="(line 2: a user message alone)",
+           error="data file chats.jsonl line 2: no-model-turn (no model or assistant message to train on, which "
+           "--loss-on all does not need)" + SKIP_HINT),
+    BadRun(section=DATA, case="empty prompt or response", args=("--data", "pairs.jsonl"),
+           files={"pairs.jsonl": b'{"prompt": "Hi!", "response": ""}\n'},
+           error="data file pairs.jsonl line 1: empty-content (message 2 (model) has no content)" + SKIP_HINT),
+    BadRun(section=DATA, case="every row bad, skipped", args=("--data", "chats.jsonl", "--on-bad-row", "skip"),
+           files={"chats.jsonl": b'{"messages": "Hi!"}\n{"messages": []}\n'},
+           described="(messages a string, then an empty list)",
+           error="data file chats.jsonl: all 2 rows are bad (wrong-type 2); the first, line 1: wrong-type (\"messages\" "
+           "is not a list of turns); fix the rows or pass another file"),
+    BadRun(section=DATA, case="JSONL of unknown keys", args=("--data", "chats.jsonl"),
+           files={"chats.jsonl": b'{"question": "Hi!", "answer": "Hello!"}\n'},
+           error="data file chats.jsonl: no row of its first 1000 lines has \"messages\", \"prompt\" and \"response\", "
+           "or \"text\" (the first object's keys: question, answer); rename them or pass --data-format"),
+    BadRun(section=DATA, case="Parquet without the columns", args=("--data", "train.parquet"),
+           files={"train.parquet": _parquet([{"question": "Hi!", "answer": "Hello!"}])},
+           described="(columns question, answer)",
+           error="data file train.parquet: its columns (question, answer) have no \"messages\", \"prompt\" and "
+           "\"response\", or \"text\"; rename them or pass --data-format"),
+    BadRun(section=DATA, case="not Parquet", args=("--data", "train.parquet"), files={"train.parquet": b"id,text\n1,hi\n"},
+           described="(a CSV file)",
+           error="data file train.parquet: not a Parquet file" + OPEN_END),
+    BadRun(section=DATA, case="chat data, tokenizer without turn markers", args=("--data", "chats.jsonl"),
+           files={"chats.jsonl": f"{CHAT}\n".encode() * 8},
+           error="tokenizer tokenizer.model: no <start_of_turn> or <end_of_turn> piece, which chat data needs; use "
+           "Gemma 3's tokenizer (--tokenizer official) or one trained for chat (--preset tiny-chat)"),
     BadRun(section=DATA, case="a directory that is not prepared data", args=("--data", "notes"),
            files={"notes/todo.txt": b"buy milk"}, described="(a folder of other files)",
            error="notes: not a complete prepared dataset (no readable meta.json); prepare it with "

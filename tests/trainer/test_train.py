@@ -63,7 +63,8 @@ def test_json_log_lines_hold_what_the_stacks_log_metrics_extract(tmp_path, prepa
               "pod_name": "gemma-finetune-0123abcd-slice-0-1-x7k2p"}  # fmt: skip
     entries = [{"resource": {"type": "k8s_container", "labels": labels}, "jsonPayload": json.loads(line)}
                for line in capsys.readouterr().out.splitlines()]  # fmt: skip
-    assert [entry["jsonPayload"]["step"] for entry in entries] == [1, 2]
+    events = [(entry["jsonPayload"]["event"], entry["jsonPayload"].get("tag"), entry["jsonPayload"]["step"]) for entry in entries]
+    assert events == [("text", "data", 1), ("report", None, 1), ("report", None, 2)]
     run = telemetry.run_telemetry(config)
     for metric, steps in ((run.loss, [1, 2]), (run.tokens_per_sec, [2]), (run.step_time, [2])):
         counted = [entry for entry in entries if monitoring_filters.matches(metric.filter, entry)]

@@ -17,6 +17,7 @@ from typing import Any
 from infra import names, tpu
 from infra.tpu import SliceSpec
 from infra.errors import ConfigError
+from trainer import chat, formats
 from trainer import config as trainer_config  # the trainer's options: their defaults and models
 
 PROJECT = "gemma-tpu"  # the Pulumi project name, the namespace of this program's keys
@@ -200,11 +201,33 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PreparationConfig:
+    """How the preparation Job reads a run's dataset: trainer.prepare's --data-format, --loss-on and
+    --on-bad-row, from gemma-tpu:training.dataFormat, lossOn and onBadRow."""
+
+    data_format: str = formats.AUTO  # auto: by the file's extension and first row
+    loss_on: str = chat.COMPLETIONS  # chats and prompt/response pairs: train on the model's turns only
+    on_bad_row: str = formats.FAIL
+
+    def flags(self) -> list[str]:
+        """trainer.prepare's flags for the settings that are not its defaults."""
+        return [
+            flag
+            for flag, value, default in (("--data-format", self.data_format, formats.AUTO),
+                                         ("--loss-on", self.loss_on, chat.COMPLETIONS),
+                                         ("--on-bad-row", self.on_bad_row, formats.FAIL))  # fmt: skip
+            if value != default
+            for flag in (flag, value)
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """One training run on the stack's TPUs: its settings, its priority in the queue and how many
     of the stack's slices it takes."""
 
     training: TrainingConfig
+    preparation: PreparationConfig
     priority: str  # a key of PRIORITIES
     slices: int  # at most the stack's gemma-tpu:tpu.slices
 
@@ -453,6 +476,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     keep_artifacts = storage.flag("keepArtifacts", True)
     data_cache_gib = storage.integer("dataCacheGiB", DATA_CACHE_GIB_DEFAULT, minimum=1, maximum=DATA_CACHE_GIB_MAX)
     training = _parse_training(training_section)
+    preparation = _parse_preparation(training_section)
     queue_enabled = queue_section.flag("enabled", False)
     tpu_quota = queue_section.integer("tpuQuota", None, minimum=1)
     monitoring = _parse_monitoring(monitoring_section)
@@ -484,7 +508,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     if cluster_version is not None:
         _check_cluster_version(cluster.key("version"), cluster_version, tpu_config, queue_enabled)
     if runs_value is None:
-        runs = (RunConfig(training=training, priority="normal", slices=tpu_config.slices),)
+        runs = (RunConfig(training=training, preparation=preparation, priority="normal", slices=tpu_config.slices),)
         _check_run(training_section, runs[0], tpu_config, slice_spec, name_key="runName")
     else:
         runs = _parse_runs(runs_value, training_section, tpu_config, slice_spec)
@@ -547,6 +571,7 @@ def _parse_runs(value: Any, training_section: _Section, tpu_config: TpuConfig, s
                 )
         run = RunConfig(
             training=_parse_training(section, name_key="name"),
+            preparation=_parse_preparation(section),
             priority=section.text("priority", "normal", tuple(PRIORITIES)),
             slices=section.integer("slices", tpu_config.slices, minimum=1, maximum=tpu_config.slices),
         )
@@ -632,6 +657,14 @@ def _parse_training(section: _Section, *, name_key: str = "runName") -> Training
         max_restarts=section.integer("maxRestarts", 10, minimum=0),
         profiling=section.flag("profiling", False),
         run_name=section.text(name_key, "gemma-finetune"),
+    )
+
+
+def _parse_preparation(section: _Section) -> PreparationConfig:
+    return PreparationConfig(
+        data_format=section.text("dataFormat", formats.AUTO, formats.DATA_FORMATS),
+        loss_on=section.text("lossOn", chat.COMPLETIONS, chat.LOSS_ON),
+        on_bad_row=section.text("onBadRow", formats.FAIL, formats.ON_BAD_ROW),
     )
 
 

@@ -121,7 +121,7 @@ def run_telemetry(config: StackConfig) -> RunTelemetry:
 def run_object_pattern(config: StackConfig) -> str:
     """RE2 for the names of the stack's training objects: a run's name and its hash."""
     run_names = "|".join(run.name for run in config.runs)
-    return f"({run_names})-[0-9a-f]{{{names.RUN_HASH_CHARS}}}"
+    return f"(?:{run_names})-[0-9a-f]{{{names.RUN_HASH_CHARS}}}"
 
 
 def _reported(config: StackConfig, key: str, description: str, unit: str) -> LogMetric:

@@ -123,13 +123,13 @@ def training_runs(
         return [TrainingRun("training", run=config.runs[0], **common)]
     preparations: dict[str, DataPreparation] = {}
     for run in config.runs:
-        key = prepared_key(run.training.dataset)
+        key = prepared_key(run)
         if key not in preparations:
             spec = pulumi.Output.from_input(image).apply(lambda ref, run=run: run_spec(config, run, image=ref))
             preparations[key] = DataPreparation(
                 f"data-{key}", spec=spec, provider=provider, depends_on=[namespace, preparation_service_account, *after]
             )
     return [
-        TrainingRun(f"run-{run.name}", run=run, preparation=preparations[prepared_key(run.training.dataset)], **common)
+        TrainingRun(f"run-{run.name}", run=run, preparation=preparations[prepared_key(run)], **common)
         for run in config.runs
     ]

@@ -332,7 +332,8 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
     source_args, source_volumes, source_mounts = _dataset_source(spec)
     # The official tokenizer: the one the trainer reads the prepared data with (every model but tiny).
     # trainer.prepare writes `spec.prepared_path` with its marker, contract.PREPARED_MARKER_FILE, last.
-    args = [*source_args, "--tokenizer", "official", "--output", spec.prepared_path, "--workers", str(_PREPARE_CPUS)]
+    args = [*source_args, *spec.preparation_flags, "--tokenizer", "official", "--output", spec.prepared_path,
+            "--workers", str(_PREPARE_CPUS)]  # fmt: skip
     resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}
     container = {
         "name": PREPARE_CONTAINER,

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from infra.config import RunConfig, StackConfig, TrainingConfig, trainer_flags
+from infra.config import PreparationConfig, RunConfig, StackConfig, TrainingConfig, trainer_flags
 from infra.queues import LOCAL_QUEUE, priority_class_name
 from infra.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
@@ -85,7 +85,8 @@ class RunSpec:
     data_cache_gib: int  # the file cache of the data mount in each training pod
     pod_disk_gib: int  # each training pod's ephemeral-storage request (cache volume and scratch)
     artifacts_bucket: str
-    dataset: str  # https:// URL or gs:// path of the raw text
+    dataset: str  # https:// URL or gs:// path of the raw data (text, JSONL or Parquet)
+    preparation_flags: tuple[str, ...]  # trainer.prepare's flags for how it reads the dataset
     prepared_dir: str  # the prepared shards, relative to the data bucket
     prepare_name: str  # the data preparation Job's name (one per dataset)
     run_dir: str  # this run's directory, relative to the artifacts bucket
@@ -122,11 +123,16 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def prepared_key(dataset: str) -> str:
+def prepared_key(run: RunConfig) -> str:
     """The prepared data's directory and preparation Job key. Shards depend only on the corpus (the
-    tokenizer is the model family's, see trainer.prepare) and on how a prepared directory records
-    its source (PREPARED_SOURCE_RECORD)."""
-    return _digest({"dataset": dataset, "source_record": PREPARED_SOURCE_RECORD})[:_PREPARED_HASH_CHARS]
+    tokenizer is the model family's, see trainer.prepare), on how it is read (its format, loss
+    mask and bad rows; counted only when not trainer.prepare's defaults, so that the prepared data
+    of a stack that sets none keeps its directory) and on how a prepared directory records its
+    source (PREPARED_SOURCE_RECORD)."""
+    identity: dict = {"dataset": run.training.dataset, "source_record": PREPARED_SOURCE_RECORD}
+    if run.preparation != PreparationConfig():
+        identity["preparation"] = asdict(run.preparation)
+    return _digest(identity)[:_PREPARED_HASH_CHARS]
 
 
 def run_specs(config: StackConfig, *, image: str) -> tuple[RunSpec, ...]:
@@ -139,9 +145,13 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     shape gives a new name, hence a new run with its own checkpoints; no change, the same run.
     Its priority is not part of the name: a queued run's priority can change without a new run."""
     training = run.training
-    key = prepared_key(training.dataset)
+    key = prepared_key(run)
     tpu = replace(config.tpu, slices=run.slices)
-    name = run_object_name(training.run_name, _digest({"training": asdict(training), "image": image, "tpu": asdict(tpu)}))
+    # Other prepared data is another run (the same key as before for the default preparation).
+    identity = {"training": asdict(training), "image": image, "tpu": asdict(tpu)}
+    if run.preparation != PreparationConfig():
+        identity["prepared"] = key
+    name = run_object_name(training.run_name, _digest(identity))
     run_dir = f"runs/{name}"
     prepared_dir = f"prepared/{key}"
     return RunSpec(
@@ -165,6 +175,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         pod_disk_gib=config.training_pod_disk_gib,
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
+        preparation_flags=tuple(run.preparation.flags()),
         prepared_dir=prepared_dir,
         prepare_name=f"prepare-data-{key}",
         run_dir=run_dir,

@@ -219,6 +219,8 @@ CASES = (
              error=f"gemma-tpu:training.runName '{'r' * 18}' is too long for 2 slices of v6e 2x4: the coordinator address "
                    f"(a label value) would be '{'r' * 18}-xxxxxxxx-slice-0-0.{'r' * 18}-xxxxxxxx' (x: the run's hash), 65 "
                    "characters, and Kubernetes allows 63; use at most 17 characters"),
+    BadStack(case="unknown way to handle bad rows", config={"gemma-tpu:training": {"onBadRow": "ignore"}},
+             error="gemma-tpu:training.onBadRow is 'ignore'; choose one of fail, skip"),
     BadStack(case="two runs with one name", config={"gemma-tpu:queue": QUEUED, "gemma-tpu:runs": [{"name": "sweep"}, {"name": "sweep"}]},
              error="gemma-tpu:runs[1].name 'sweep' is also gemma-tpu:runs[0].name; give each run its own name"),
     BadStack(case="several runs without the queue", config={"gemma-tpu:runs": [{"name": "a"}, {"name": "b"}]},

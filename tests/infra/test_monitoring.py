@@ -250,6 +250,8 @@ def test_log_metrics_are_well_formed_and_alerts_wait_for_them(stack):
         filters.parse_log_filter(inputs["filter"])
         descriptor = inputs["metricDescriptor"]
         assert {label["key"] for label in descriptor["labels"]} == set(inputs["labelExtractors"])
+        for extractor in [*inputs["labelExtractors"].values(), *filter(None, [inputs.get("valueExtractor")])]:
+            filters.extract(extractor, {})  # well-formed: REGEXP_EXTRACT with one capture group
         distribution = "valueExtractor" in inputs
         assert descriptor["valueType"] == ("DISTRIBUTION" if distribution else "INT64") and descriptor["metricKind"] == "DELTA"
         assert ("bucketOptions" in inputs) == distribution

@@ -322,3 +322,18 @@ def test_the_trainer_mesh_shards_inside_a_slice_and_is_data_parallel_across_slic
     assert resolve_axis_sizes(parsed.mesh, all_chips) == {"data": config.tpu.slices, "fsdp": config.slice.chips}
     if stack == "multislice":
         assert parsed.mesh["fsdp"] == 8 and resolve_axis_sizes(parsed.mesh, all_chips)["data"] == 2  # the DCN axis
+
+
+def test_the_preparation_reads_the_dataset_as_the_stack_says_and_keeps_each_reading_apart():
+    plain = spec_of(stack_config("multihost"))
+    chat = dict(dataset="gs://corpora/chat/train.jsonl", dataFormat="jsonl-chat", lossOn="all", onBadRow="skip")
+    configured = spec_of(edited_config("multihost", training=chat))
+    args = manifests.preparation_job(configured)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--data-format") + 1] == "jsonl-chat" and args[args.index("--loss-on") + 1] == "all"
+    assert args[args.index("--on-bad-row") + 1] == "skip"
+    # Defaults pass nothing, so the prepared data of a stack that sets none keeps its directory.
+    plain_args = manifests.preparation_job(plain)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not {"--data-format", "--loss-on", "--on-bad-row"} & set(plain_args)
+    same_data = spec_of(edited_config("multihost", training={"dataset": chat["dataset"]}))
+    masked_all = spec_of(edited_config("multihost", training={"dataset": chat["dataset"], "lossOn": "all"}))
+    assert same_data.prepared_dir != masked_all.prepared_dir and same_data.name != masked_all.name

@@ -11,7 +11,7 @@ from infra.jobset import JOBSET_VERSION
 from infra.kueue import KUEUE_VERSION
 from infra.platform import Platform, build
 from infra.pricing import tpu_cost_per_hour
-from workloads.deploy import TrainingRun, training_runs
+from workloads.deploy import RunPlatform, TrainingRun, training_runs
 
 
 def deploy_runs(platform: Platform) -> list[TrainingRun]:
@@ -19,9 +19,7 @@ def deploy_runs(platform: Platform) -> list[TrainingRun]:
     the training runs on it: data preparation, then training once the TPU pools (and the queue) exist."""
     config = platform.config
     image = TrainerImage("trainer-image", config=config, repository_url=platform.registry_url)
-    return training_runs(
-        config,
-        image=image.ref,
+    run_platform = RunPlatform(
         provider=platform.kubernetes_provider,
         namespace=platform.namespace,
         service_account=platform.service_account,
@@ -30,6 +28,7 @@ def deploy_runs(platform: Platform) -> list[TrainingRun]:
         after=platform.identity_bindings,
         training_after=[*platform.tpu_pools.pools, *platform.queue_objects],
     )
+    return training_runs(config, image=image.ref, platform=run_platform)
 
 
 def export_run_outputs(config: StackConfig, runs: list[TrainingRun]) -> None:

@@ -8,6 +8,7 @@ of a dataset no run trains on any more), and a change to one run's settings repl
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -15,6 +16,30 @@ import pulumi_kubernetes as k8s
 from infra.config import PROJECT, RunConfig, StackConfig
 from workloads import manifests
 from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_shape, run_spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlatform:
+    """What every run's objects are applied with and after: the cluster's provider, the namespace
+    and both ServiceAccounts, the JobSet controller, `after` (e.g. the IAM bindings that let each
+    ServiceAccount's Google account mount the buckets) and, for training only, `training_after`
+    (e.g. the TPU pools and the Kueue queue)."""
+
+    provider: k8s.Provider
+    namespace: pulumi.Resource
+    service_account: pulumi.Resource
+    preparation_service_account: pulumi.Resource
+    jobset_install: pulumi.Resource
+    after: Sequence[pulumi.Resource] = ()
+    training_after: Sequence[pulumi.Resource] = ()
+
+    @property
+    def preparation_prerequisites(self) -> list[pulumi.Resource]:
+        return [self.namespace, self.preparation_service_account, *self.after]
+
+    @property
+    def training_prerequisites(self) -> list[pulumi.Resource]:
+        return [self.jobset_install, self.namespace, self.service_account, *self.after, *self.training_after]
 
 
 def _apply(parent, name, obj, provider, *, depends_on, jobset=False, custom_timeouts=None) -> pulumi.Resource:
@@ -27,10 +52,11 @@ def _apply(parent, name, obj, provider, *, depends_on, jobset=False, custom_time
     return k8s.batch.v1.Job(name, metadata=obj["metadata"], spec=obj["spec"], opts=opts)
 
 
-def _apply_preparation(parent, spec: pulumi.Output[RunSpec], provider, *, depends_on) -> pulumi.Resource:
+def _apply_preparation(parent, spec: pulumi.Output[RunSpec], platform: RunPlatform) -> pulumi.Resource:
     """The dataset's preparation Job, awaited up to its deadline: a bad dataset URL fails `pulumi up`."""
     return _apply(
-        parent, "prepare-data", spec.apply(manifests.preparation_job), provider, depends_on=depends_on,
+        parent, "prepare-data", spec.apply(manifests.preparation_job), platform.provider,
+        depends_on=platform.preparation_prerequisites,
         custom_timeouts=pulumi.CustomTimeouts(create=f"{PREPARE_DEADLINE_SECONDS}s"),
     )  # fmt: skip
 
@@ -39,24 +65,22 @@ class DataPreparation(pulumi.ComponentResource):
     """The preparation Job of one dataset that several runs of gemma-tpu:runs train on; it stays
     while any run of that dataset does."""
 
-    def __init__(self, name: str, *, spec: pulumi.Output[RunSpec], provider: k8s.Provider,
-                 depends_on: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:  # fmt: skip
+    def __init__(self, name: str, *, spec: pulumi.Output[RunSpec], platform: RunPlatform,
+                 opts: pulumi.ResourceOptions | None = None) -> None:  # fmt: skip
         super().__init__(f"{PROJECT}:workloads:DataPreparation", name, None, opts)
-        self.job = _apply_preparation(self, spec, provider, depends_on=list(depends_on))
+        self.job = _apply_preparation(self, spec, platform)
         self.register_outputs({})
 
 
 class TrainingRun(pulumi.ComponentResource):
-    """One run: its training Job or JobSet, after its data preparation (its own, or `preparation`'s).
+    """One run: its training Job or JobSet, after its data preparation (its own, or `preparation`'s)
+    and the platform's prerequisites (RunPlatform).
 
-    Both come after `namespace` and `after` (e.g. the IAM bindings that let each ServiceAccount's
-    Google account mount the buckets); data preparation also after `preparation_service_account`,
-    training after `service_account`, `jobset_install`, `training_after` (e.g. the TPU pools and
-    the Kueue queue). `pulumi up` awaits the preparation Job (up to its deadline), so a bad dataset
-    URL fails the update, then creates the training object without waiting for it
-    (`pulumi.com/skipAwait`: a run takes hours). The image reference is an output of the image
-    build, so the objects are built from it inside `apply`; the resources themselves are declared
-    up front and show in previews.
+    `pulumi up` awaits the preparation Job (up to its deadline), so a bad dataset URL fails the
+    update, then creates the training object without waiting for it (`pulumi.com/skipAwait`: a
+    run takes hours). The image reference is an output of the image build, so the objects are
+    built from it inside `apply`; the resources themselves are declared up front and show in
+    previews.
     """
 
     spec: pulumi.Output[RunSpec]
@@ -72,27 +96,16 @@ class TrainingRun(pulumi.ComponentResource):
         config: StackConfig,
         run: RunConfig,
         image: pulumi.Input[str],
-        provider: k8s.Provider,
-        namespace: pulumi.Resource,
-        service_account: pulumi.Resource,
-        preparation_service_account: pulumi.Resource,
-        jobset_install: pulumi.Resource,
+        platform: RunPlatform,
         preparation: DataPreparation | None = None,
-        after: Sequence[pulumi.Resource] = (),
-        training_after: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(f"{PROJECT}:workloads:TrainingRun", name, None, opts)
         self.spec = pulumi.Output.from_input(image).apply(lambda ref: run_spec(config, run, image=ref))
-        prepare = (
-            preparation.job
-            if preparation is not None
-            else _apply_preparation(self, self.spec, provider, depends_on=[namespace, preparation_service_account, *after])
-        )
+        prepare = preparation.job if preparation is not None else _apply_preparation(self, self.spec, platform)
         _apply(
-            self, "training", self.spec.apply(manifests.training), provider,
-            depends_on=[prepare, jobset_install, namespace, service_account, *after, *training_after],
-            jobset=run_shape(config, run) == "jobset",
+            self, "training", self.spec.apply(manifests.training), platform.provider,
+            depends_on=[prepare, *platform.training_prerequisites], jobset=run_shape(config, run) == "jobset",
         )  # fmt: skip
         self.run_name = self.spec.apply(lambda spec: spec.name)
         self.logs_command = self.spec.apply(manifests.logs_command)
@@ -103,33 +116,18 @@ class TrainingRun(pulumi.ComponentResource):
         )
 
 
-def training_runs(
-    config: StackConfig,
-    *,
-    image: pulumi.Input[str],
-    provider: k8s.Provider,
-    namespace: pulumi.Resource,
-    service_account: pulumi.Resource,
-    preparation_service_account: pulumi.Resource,
-    jobset_install: pulumi.Resource,
-    after: Sequence[pulumi.Resource] = (),
-    training_after: Sequence[pulumi.Resource] = (),
-) -> list[TrainingRun]:
+def training_runs(config: StackConfig, *, image: pulumi.Input[str], platform: RunPlatform) -> list[TrainingRun]:
     """The stack's runs (see the module docstring for their resource names)."""
-    accounts = dict(namespace=namespace, service_account=service_account, preparation_service_account=preparation_service_account)
-    common = dict(config=config, image=image, provider=provider, jobset_install=jobset_install, after=after,
-                  training_after=training_after, **accounts)  # fmt: skip
     if not config.run_list:
-        return [TrainingRun("training", run=config.runs[0], **common)]
+        return [TrainingRun("training", config=config, run=config.runs[0], image=image, platform=platform)]
     preparations: dict[str, DataPreparation] = {}
     for run in config.runs:
         key = prepared_key(run)
         if key not in preparations:
             spec = pulumi.Output.from_input(image).apply(lambda ref, run=run: run_spec(config, run, image=ref))
-            preparations[key] = DataPreparation(
-                f"data-{key}", spec=spec, provider=provider, depends_on=[namespace, preparation_service_account, *after]
-            )
+            preparations[key] = DataPreparation(f"data-{key}", spec=spec, platform=platform)
     return [
-        TrainingRun(f"run-{run.name}", run=run, preparation=preparations[prepared_key(run)], **common)
+        TrainingRun(f"run-{run.name}", config=config, run=run, image=image, platform=platform,
+                    preparation=preparations[prepared_key(run)])  # fmt: skip
         for run in config.runs
     ]

@@ -13,7 +13,7 @@ from infra.image import TRAINER_DIR, TrainerImage, source_tag
 from infra.jobset import JOBSET_MANIFESTS
 from tests.workloads.conftest import IMAGE, spec_of, stack_config
 from workloads import manifests
-from workloads.deploy import TrainingRun
+from workloads.deploy import RunPlatform, TrainingRun
 from trainer.contract import TRAINER_UID
 from workloads.spec import PREPARE_DEADLINE_SECONDS
 
@@ -36,11 +36,11 @@ def _platform_and_run(config, outputs: dict):
         )
         jobset = k8s.yaml.v2.ConfigFile("jobset", file=JOBSET_MANIFESTS, opts=on_cluster)
         tpu_pool = pulumi.CustomResource("test:index:TpuPool", "tpu-pool")
-        run = TrainingRun(
-            "run", config=config, run=config.runs[0], image=IMAGE, provider=provider,
-            namespace=namespace, service_account=account, preparation_service_account=preparation_account,
+        platform = RunPlatform(
+            provider=provider, namespace=namespace, service_account=account, preparation_service_account=preparation_account,
             jobset_install=jobset, training_after=[tpu_pool],
         )  # fmt: skip
+        run = TrainingRun("run", config=config, run=config.runs[0], image=IMAGE, platform=platform)
         return pulumi.Output.all(run.logs_command, run.status_command, run.tensorboard_dir).apply(
             lambda values: outputs.update(zip(("logs", "status", "tensorboard"), values))
         )

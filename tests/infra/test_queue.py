@@ -8,8 +8,9 @@ import pytest
 
 from infra import tpu
 from infra.config import parse_stack_config
-from infra.kueue import KUEUE_MANIFESTS
+from infra.kueue import KUEUE_MANIFESTS, KUEUE_VERSION
 from infra.queues import (
+    KUEUE_API_VERSION,
     LOCAL_QUEUE,
     PRIORITY_LABEL,
     PROVISIONING_CHECK,
@@ -210,3 +211,18 @@ def test_every_resource_the_training_pods_request_is_covered_by_the_queue():
         requested = {name for c in itertools.chain(pod["containers"], pod.get("initContainers", []))
                      for name in c.get("resources", {}).get("requests", {})}  # fmt: skip
         assert requested <= set(covered), run.name
+
+
+def test_autopilot_queues_the_chips_the_stack_is_sized_for():
+    """No pools there: GKE makes a node per pod, so the quota is the stack's slices."""
+    values = queued_values("autopilot")
+    config = parse_stack_config(values, "autopilot")
+    (flavor,) = cluster_queue_spec(preview(values, "autopilot").resources)["resourceGroups"][0]["flavors"]
+    assert flavor["resources"][0] == {"name": TPU_RESOURCE, "nominalQuota": config.slice.chips * config.tpu.slices}
+
+
+def test_the_pinned_kueue_has_what_the_queue_needs():
+    """v1beta2 (the objects' API), JobSet integration and waitForPodsReady on by default: v0.19 on."""
+    major, minor, _ = (int(part) for part in KUEUE_VERSION.removeprefix("v").split("."))
+    assert (major, minor) >= (0, 19)
+    assert {obj["apiVersion"] for obj in queue_objects(parse_stack_config(queued_values("queued"), "queued"))} == {KUEUE_API_VERSION}

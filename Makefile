@@ -17,11 +17,12 @@ PYTHON311 := $(shell for p in python3.11 /usr/local/bin/python3.11 /usr/bin/pyth
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo render policy-check lock bench bench-quick bench-h200
+.PHONY: help setup test demo chat-demo render policy-check lock bench bench-quick bench-h200
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
 	@echo "make test   the test suite (offline)"
+	@echo "make chat-demo   a chat fine-tune of the tiny model on CPU, exported and answered through transformers (runs/chat-demo)"
 	@echo "make bench-quick   CPU benchmarks against the tutorial's method, ~3 min (make bench: full, ~30 min; BENCHMARKS.md)"
 	@echo "make bench-h200   the accelerator benchmark, on a machine with an NVIDIA H200 and jax[cuda12]"
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
@@ -55,6 +56,12 @@ test: $(STAMP) $(POLICY_STAMP) $(HF_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m trainer --preset tiny --workdir runs/demo
+
+# A chat fine-tune of the tiny model on a generated chat corpus (~2 min), then its Hugging Face
+# export (runs/chat-demo/export/hf, written by every run) answering through transformers.
+chat-demo: $(STAMP) $(HF_STAMP)
+	$(PY) -m trainer --preset tiny-chat --workdir runs/chat-demo
+	$(HF_VENV)/bin/python -m trainer.hf_sample --model runs/chat-demo/export/hf --prompt "Hello!" --prompt "What is 3 plus 4?"
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -4,6 +4,9 @@ format stated in config.json and the log, eval over the trained tokens only, and
 import contextlib
 import io
 import json
+import os
+import pathlib
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +15,13 @@ import pytest
 
 from trainer import contract, data as data_lib, loop, loss, models, sampling
 from trainer.config import parse_config
+from trainer.export import main as export_main
 from trainer.generate import main as generate
 from trainer.metrics import read_metrics
 from trainer.tokenizer import load_tokenizer
 
 SEQ_LEN, BATCH, EVAL_FRACTION = 64, 8, 0.1
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +133,27 @@ def test_a_run_with_neither_checkpoint_nor_export_is_one_line(tmp_path, chat_run
         str(chat_run / "checkpoints"), str(tmp_path / "checkpoints")))
     assert generate(["--run", str(tmp_path), "--prompt", "hi"]) == contract.USER_ERROR
     assert "no checkpoint in" in capsys.readouterr().err
+
+
+def test_the_export_answers_through_transformers_as_generate_does(chat_run, tmp_path, capsys):
+    """What `make chat-demo` ends with: the run's Hugging Face export, loaded by transformers
+    (trainer.hf_sample in the HF environment), gives the JAX model's greedy answers."""
+    hf_python = pathlib.Path(os.environ.get("HF_PYTHON") or REPO / ".venv-hf" / "bin" / "python")
+    if not hf_python.exists():
+        pytest.skip(f"no Hugging Face environment at {hf_python}: run `make .venv-hf/.installed` (or set HF_PYTHON)")
+    prompts = ["Hello!", "What is 3 plus 4?", "The cup is red and the box is blue. What colour is the box?"]
+    jax_answers = []
+    for prompt in prompts:
+        assert generate(["--run", str(chat_run), "--prompt", prompt, "--max-new-tokens", "16"]) == contract.OK
+        jax_answers.append(capsys.readouterr().out.strip())
+    # float32, as the checkpoint generate reads: bfloat16 rounding could flip a near tie.
+    assert export_main(["--run", str(chat_run), "--format", "hf", "--out", str(tmp_path / "hf"), "--dtype", "float32"]) in (None, 0)
+    capsys.readouterr()
+    result = subprocess.run(
+        [str(hf_python), "-m", "trainer.hf_sample", "--model", str(tmp_path / "hf"), "--max-new-tokens", "16",
+         *(arg for prompt in prompts for arg in ("--prompt", prompt))],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    hf_answers = [line.removeprefix("model (transformers): ") for line in result.stdout.splitlines() if line.startswith("model (")]
+    assert hf_answers == jax_answers
+    assert jax_answers[0] == "Hello! How can I help you today?"

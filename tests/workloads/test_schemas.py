@@ -28,10 +28,14 @@ def kueue_schemas():
     return kueue_validators()
 
 
+def _is_kueue(obj) -> bool:
+    return obj["apiVersion"].startswith(f"{KUEUE_GROUP}/")
+
+
 def validate(obj, request):
     if obj["kind"] == "JobSet":
         validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
-    elif obj["apiVersion"].startswith(f"{KUEUE_GROUP}/"):
+    elif _is_kueue(obj):
         validate_kueue(obj, request.getfixturevalue("kueue_schemas"))  # skips without Kueue's CRDs
     else:
         validate_builtin(obj)
@@ -39,7 +43,8 @@ def validate(obj, request):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_object_of_every_stack_validates_strictly(stack, request):
-    for obj in stack_objects(stack_config(stack)):
+    # Kueue's objects last: without its CRDs they skip, after everything else has been checked.
+    for obj in sorted(stack_objects(stack_config(stack)), key=_is_kueue):
         validate(obj, request)
 
 
@@ -49,7 +54,7 @@ def test_optional_parts_validate_too(stack, request):
     config = edited_config(
         stack, tpu={"capacity": "spot"}, training={"profiling": True, "dataset": "gs://corpora/tiny/train.txt"}
     )
-    for obj in stack_objects(config):
+    for obj in sorted(stack_objects(config), key=_is_kueue):
         validate(obj, request)
 
 

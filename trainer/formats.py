@@ -106,7 +106,14 @@ def _jsonl_kind(path: pathlib.Path, name: str) -> str:
     """The kind of the first row among the first _DETECT_LINES that is an object with a kind's keys."""
     first_keys = None
     with path.open("rb") as lines:
-        for _, line in zip(range(_DETECT_LINES), lines):
+        for _ in range(_DETECT_LINES):
+            line = lines.readline(MAX_ROW_BYTES + 1)
+            if not line:
+                break
+            if len(line) > MAX_ROW_BYTES:  # too long to look at; the reader refuses it as a row
+                while line and not line.endswith(b"\n"):
+                    line = lines.readline(_READ_BYTES)
+                continue
             try:
                 row = json.loads(line)
             except ValueError:
@@ -151,7 +158,8 @@ def _row(values: dict, kind: str, max_row_bytes: int) -> Row:
             raise InvalidRow(TOO_LONG, f"text of {len(text)} characters, over the limit of {max_row_bytes}")
         return Row(text=text)
     if kind == PROMPT_RESPONSE:
-        return Row(messages=(("user", _string(values["prompt"], "prompt")), ("model", _string(values["response"], "response"))))
+        return _within(Row(messages=(("user", _string(values["prompt"], "prompt")),
+                                     ("model", _string(values["response"], "response")))), max_row_bytes)
     messages = values["messages"]
     if not isinstance(messages, list) or not messages:
         raise InvalidRow(WRONG_TYPE, "\"messages\" is not a list of turns" if not isinstance(messages, list)
@@ -162,7 +170,15 @@ def _row(values: dict, kind: str, max_row_bytes: int) -> Row:
             raise InvalidRow(MISSING_KEY, f"message {number} is not an object with \"role\" and \"content\"")
         turns.append((_string(message["role"], f"message {number}'s role"),
                       _string(message["content"], f"message {number}'s content")))
-    return Row(messages=tuple(turns))
+    return _within(Row(messages=tuple(turns)), max_row_bytes)
+
+
+def _within(row: Row, max_row_bytes: int) -> Row:
+    """`row`, unless its messages hold more characters than the row limit (a Parquet row has no line to measure)."""
+    characters = sum(len(content) for _, content in row.messages)
+    if characters > max_row_bytes:
+        raise InvalidRow(TOO_LONG, f"messages of {characters} characters, over the limit of {max_row_bytes}")
+    return row
 
 
 def _string(value, what: str) -> str:

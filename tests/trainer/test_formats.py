@@ -202,3 +202,11 @@ def test_a_text_directory_of_format_1_is_still_read_and_reused(tmp_path, prepare
     assert data.data_format == "text"
     new, again = (next(batches(d, seq_len=64, global_batch_size=4, seed=0, prefetch=False)) for d in (tokenized_data, data))
     assert all(np.array_equal(new[key], again[key]) for key in new)
+
+
+def test_a_parquet_row_over_the_limit_is_skipped_as_too_long(tmp_path, chat_tokenizer_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "x" * 300, "response": "long"}, {"prompt": "Hi!", "response": "Hello!"}]),
+                   path)
+    meta = prepare(path, chat_tokenizer_path, tmp_path / "out", on_bad_row="skip", max_row_bytes=200)
+    assert (meta["skipped_rows"], meta["documents"]) == ({"too-long": 1}, 1)

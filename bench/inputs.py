@@ -14,7 +14,7 @@ import numpy as np
 from trainer import data as data_lib
 from trainer import loop
 from trainer.corpus import SEPARATOR, write_corpus
-from trainer.prepare import read_documents
+from trainer.formats import read_documents
 from trainer.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 DEFAULT_WORKDIR = "/tmp/gemma-tpu-bench"

@@ -37,7 +37,6 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from trainer import chat, contract, formats
 from trainer.corpus import SEPARATOR
 from trainer.errors import UserError, entry_point
-from trainer.formats import read_documents  # noqa: F401  (bench.inputs reads the text documents from here)
 from trainer.shared_files import replaced_atomically
 from trainer.tokenizer import Tokenizer, load_tokenizer
 

@@ -11,7 +11,7 @@ import ipaddress
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from infra import names, tpu
@@ -77,8 +77,6 @@ PRIORITIES = {"high": 1000, "normal": 100, "low": 10}
 # need this GKE version (cloud.google.com/kubernetes-engine/docs/how-to/tpu-flex-start ...).
 FLEX_START_QUEUED_MIN_GKE = "1.33.0-gke.1712000"
 _GKE_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
-# Keys a run of gemma-tpu:runs sets besides the training keys.
-_RUN_KEYS = ("name", "priority", "slices", "accelerator", "topology")
 # Keys an earlier version of this schema had, and where their setting lives now.
 MOVED_KEYS = {f"{PROJECT}:cluster.deletionProtection": f"{PROJECT}:protect"}
 
@@ -210,14 +208,13 @@ class PreparationConfig:
     on_bad_row: str = formats.FAIL
 
     def flags(self) -> list[str]:
-        """trainer.prepare's flags for the settings that are not its defaults."""
+        """trainer.prepare's flags (--field-name) for the settings that are not its defaults."""
+        defaults = PreparationConfig()
         return [
-            flag
-            for flag, value, default in (("--data-format", self.data_format, formats.AUTO),
-                                         ("--loss-on", self.loss_on, chat.COMPLETIONS),
-                                         ("--on-bad-row", self.on_bad_row, formats.FAIL))  # fmt: skip
-            if value != default
-            for flag in (flag, value)
+            arg
+            for field in fields(self)
+            if getattr(self, field.name) != getattr(defaults, field.name)
+            for arg in ("--" + field.name.replace("_", "-"), getattr(self, field.name))
         ]
 
 
@@ -314,12 +311,6 @@ class StackConfig:
         queued provisioning examples do), not by a capacity label."""
         capacity = {} if self.queued_provisioning else _CAPACITY_SELECTORS[self.tpu.capacity]
         return {**self.slice.node_selector, **capacity}
-
-    @property
-    def tpu_capacity_chips(self) -> int:
-        """TPU chips the stack can hold at once: every pool at its largest (on Autopilot, where GKE
-        makes the nodes, the slices the stack is sized for)."""
-        return capacity_chips(self.slice, self.tpu.slices)
 
     @property
     def queued_provisioning(self) -> bool:
@@ -661,10 +652,11 @@ def _parse_training(section: _Section, *, name_key: str = "runName") -> Training
 
 
 def _parse_preparation(section: _Section) -> PreparationConfig:
+    default = PreparationConfig()
     return PreparationConfig(
-        data_format=section.text("dataFormat", formats.AUTO, formats.DATA_FORMATS),
-        loss_on=section.text("lossOn", chat.COMPLETIONS, chat.LOSS_ON),
-        on_bad_row=section.text("onBadRow", formats.FAIL, formats.ON_BAD_ROW),
+        data_format=section.text("dataFormat", default.data_format, formats.DATA_FORMATS),
+        loss_on=section.text("lossOn", default.loss_on, chat.LOSS_ON),
+        on_bad_row=section.text("onBadRow", default.on_bad_row, formats.ON_BAD_ROW),
     )
 
 

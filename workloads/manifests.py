@@ -377,8 +377,9 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
 
 def preparation_jobs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     """One data preparation Job per dataset: runs of the same dataset share its prepared data."""
-    by_name = {spec.prepare_name: spec for spec in reversed(specs)}
-    return [preparation_job(by_name[name]) for name in dict.fromkeys(spec.prepare_name for spec in specs)]
+    # Runs of one preparation key have the same dataset and preparation, hence the same Job.
+    by_name = {spec.prepare_name: spec for spec in specs}
+    return [preparation_job(spec) for spec in by_name.values()]
 
 
 def all_objects(specs: Sequence[RunSpec], queue_objects: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:

@@ -21,8 +21,9 @@ def _objects(resources: Sequence[Resource]) -> list[tuple[Resource, KubeObject]]
     return [(r, obj) for r in resources for obj in kubernetes_objects(r.type, r.props)]
 
 
-def _kueue(objects, kind: str) -> list[KubeObject]:
-    return [obj for _, obj in objects if obj.kind == kind and str(obj.body.get("apiVersion", "")).startswith(KUEUE_GROUP)]
+def _kueue(objects, kind: str) -> list[tuple[Resource, KubeObject]]:
+    """The Kueue objects of `kind` among `objects`, each with the resource that applies it."""
+    return [(r, obj) for r, obj in objects if obj.kind == kind and str(obj.body.get("apiVersion", "")).startswith(KUEUE_GROUP)]
 
 
 def _requests_tpus(obj: KubeObject) -> bool:
@@ -37,7 +38,7 @@ def check_workloads_queued(resources: Sequence[Resource]) -> list[Violation]:
     """In a stack with a LocalQueue, each Job / JobSet whose pods ask for TPUs names a LocalQueue
     of its namespace; Kueue would leave an unlabelled one alone, outside the quota."""
     objects = _objects(resources)
-    local_queues = {(dig(q.body, "metadata", "namespace"), dig(q.body, "metadata", "name")) for q in _kueue(objects, "LocalQueue")}
+    local_queues = {(dig(q.body, "metadata", "namespace"), dig(q.body, "metadata", "name")) for _, q in _kueue(objects, "LocalQueue")}
     if not local_queues:
         return []
     known = ", ".join(sorted(f"{ns}/{name}" for ns, name in local_queues))
@@ -83,9 +84,7 @@ def check_quota_within_capacity(resources: Sequence[Resource]) -> list[Violation
     if capacity is None:
         return []
     violations = []
-    for resource, obj in _objects(resources):
-        if obj.kind != "ClusterQueue" or not str(obj.body.get("apiVersion", "")).startswith(KUEUE_GROUP):
-            continue
+    for resource, obj in _kueue(_objects(resources), "ClusterQueue"):
         quota = _tpu_quota(obj)
         if quota > capacity:
             violations.append(Violation(

@@ -74,6 +74,16 @@ class TokenizedData:
         return self.meta.get("data_format", formats.TEXT)  # format 1 prepared text only
 
     @property
+    def loss_on(self) -> str:
+        """What the prepared records train on (format 1 prepared text: every token)."""
+        return self.meta.get("loss_on", chat.ALL)
+
+    @property
+    def skipped_rows(self) -> dict[str, int]:
+        """Bad rows left out while preparing, by reason (none recorded before format 2)."""
+        return self.meta.get("skipped_rows", {})
+
+    @property
     def is_chat(self) -> bool:
         return formats.kind_of(self.data_format) != formats.TEXT
 

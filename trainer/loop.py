@@ -184,9 +184,9 @@ def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
 def describe_data(inputs: Inputs) -> str:
     """The data line a run starts with: what was read as what, and what was left out."""
     data = inputs.data
-    skipped = data.meta.get("skipped_rows", {})
+    skipped = data.skipped_rows
     line = (f"{inputs.data_source}: {data.data_format}, {data.documents} documents, {data.tokens} tokens, "
-            f"loss on {data.meta.get('loss_on', 'all')}")
+            f"loss on {data.loss_on}")
     if skipped:
         line += f"; skipped {sum(skipped.values())} bad rows (" + ", ".join(f"{r} {n}" for r, n in skipped.items()) + ")"
     return line
@@ -238,8 +238,8 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "data": inputs.data_source,
         # What the data is, as prepared (the options above are what was asked for).
         "data_format": inputs.data.data_format,
-        "loss_on": inputs.data.meta.get("loss_on", "all"),
-        "skipped_rows": inputs.data.meta.get("skipped_rows", {}),
+        "loss_on": inputs.data.loss_on,
+        "skipped_rows": inputs.data.skipped_rows,
         "tokenizer": inputs.tokenizer_path,
         "checkpoint_dir": config.resolved_checkpoint_dir,
         "tensorboard_dir": config.resolved_tensorboard_dir,

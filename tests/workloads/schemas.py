@@ -143,7 +143,7 @@ def _quantity_is_negative(value: Any) -> bool:
     return str(value).strip().startswith("-")
 
 
-def _kueue_rule_errors(obj: dict[str, Any]) -> list[str]:
+def kueue_rule_errors(obj: dict[str, Any]) -> list[str]:
     """The CEL rules of the CRDs and the checks of pkg/webhooks (Kueue v0.19.2) that the schema
     above cannot express, for a ClusterQueue and a ResourceFlavor."""
     spec = obj.get("spec") or {}
@@ -200,13 +200,13 @@ def _kueue_rule_errors(obj: dict[str, Any]) -> list[str]:
 
 def validate_kueue(obj: dict[str, Any], validators: dict[str, jsonschema.Draft7Validator]) -> None:
     """Raises jsonschema.ValidationError for a kind or apiVersion the CRDs do not serve, an
-    unknown field or a wrong type anywhere, a broken Kueue rule (see _kueue_rule_errors), or
+    unknown field or a wrong type anywhere, a broken Kueue rule (see kueue_rule_errors), or
     metadata that is no ObjectMeta."""
     kind = obj.get("kind")
     if kind not in validators:
         raise jsonschema.ValidationError(f"kind {kind!r} is no Kueue kind of kueue-crds.yaml ({sorted(validators)})")
     validators[kind].validate(obj)
-    errors = _kueue_rule_errors(obj)
+    errors = kueue_rule_errors(obj)
     if errors:
         raise jsonschema.ValidationError(f"{kind} {obj['metadata']['name']}: " + "; ".join(errors))
     validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})

@@ -9,6 +9,7 @@ from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_confi
 from tests.workloads.schemas import (
     KUEUE_GROUP,
     jobset_validator,
+    kueue_rule_errors,
     kueue_validators,
     validate_builtin,
     validate_jobset,
@@ -56,6 +57,22 @@ def test_optional_parts_validate_too(stack, request):
     )
     for obj in sorted(stack_objects(config), key=_is_kueue):
         validate(obj, request)
+
+
+@pytest.mark.parametrize("capacity", ["on-demand", "flex-start", "spot"])
+def test_the_queue_objects_meet_kueues_webhook_rules_even_without_its_crds(capacity):
+    """The rules Kueue's webhooks and CEL enforce beyond the schema (flavor resources in the order of
+    coveredResources, one group per resource, limits only with a cohort, tolerations), and names
+    the API server takes, checked whether or not kueue-crds.yaml is at hand."""
+    config = edited_config("queued", tpu={"capacity": capacity})
+    objects = [obj for obj in stack_objects(config) if _is_kueue(obj)]
+    assert {obj["kind"] for obj in objects} >= {"ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass"}
+    for obj in objects:
+        assert kueue_rule_errors(obj) == [], obj["metadata"]["name"]
+        validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})
+    broken = next(obj for obj in objects if obj["kind"] == "ClusterQueue")
+    broken["spec"]["resourceGroups"][0]["flavors"][0]["resources"].reverse()
+    assert "in order" in kueue_rule_errors(broken)[0]
 
 
 def test_builtin_validation_catches_a_misspelt_field():

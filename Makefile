@@ -17,7 +17,7 @@ PYTHON311 := $(shell for p in python3.11 /usr/local/bin/python3.11 /usr/bin/pyth
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo chat-demo render policy-check lock bench bench-quick bench-h200
+.PHONY: help setup test demo chat-demo render fit policy-check lock bench bench-quick bench-h200
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
@@ -28,6 +28,7 @@ help:
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
 	@echo "make lock   re-resolve the dependency locks from the pins (network; docs/dependencies.md)"
 	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
+	@echo "make fit STACK=multihost   each run's step compiled for its TPU slice: GiB per chip, cost, largest batch (minutes a run)"
 
 setup: $(STAMP)
 
@@ -61,7 +62,7 @@ demo: $(STAMP)
 # export (runs/chat-demo/export/hf, written by every run) answering through transformers.
 chat-demo: $(STAMP) $(HF_STAMP)
 	$(PY) -m trainer --preset tiny-chat --workdir runs/chat-demo
-	$(HF_VENV)/bin/python -m trainer.hf_sample --model runs/chat-demo/export/hf --prompt "Hello!" --prompt "What is 3 plus 4?"
+	$(HF_VENV)/bin/python -m trainer.hf.sample --model runs/chat-demo/export/hf --prompt "Hello!" --prompt "What is 3 plus 4?"
 
 bench: $(STAMP)
 	$(PY) -m bench
@@ -74,6 +75,9 @@ bench-h200: $(STAMP)
 
 render: $(STAMP)
 	$(PY) -m workloads render --stack $(STACK) --out rendered/$(STACK)
+
+fit: $(STAMP)
+	$(PY) -m workloads fit --stack $(STACK)
 
 policy-check: $(STAMP) $(POLICY_STAMP)
 	$(PY) -m infra.preview --stack $(STACK) --json | $(POLICY_VENV)/bin/python policy/check.py

@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bench.side import Side, StepCounts
 from trainer.config import TrainConfig
-from trainer.tokenizer import Tokenizer
+from trainer.data.tokenizer import Tokenizer
 
 
 def tokenize_row(tokenizer: Tokenizer, text: str, seq_len: int) -> tuple[np.ndarray, int]:

@@ -3,8 +3,8 @@
 - prepare throughput (MB/s of raw text) for 1, the CPU count and twice the CPU count of tokenizer threads;
 - prepare throughput on JSONL chat rows (rows/s and tokens/s; Gemma's chat template, loss mask on the
   model's turns), with a tokenizer trained for chat;
-- peak memory (RSS) of `python -m trainer.prepare` on a large generated input (2 GB; --quick: 64 MB);
-- loader throughput (trainer.data.batches, without its background prefetch) against the time one
+- peak memory (RSS) of `python -m trainer.data.prepare` on a large generated input (2 GB; --quick: 64 MB);
+- loader throughput (trainer.data.loader.batches, without its background prefetch) against the time one
   training step of ours takes on the same batch shape;
 - packing fill: the share of positions that carry a training token, ours against one document per row.
 
@@ -29,11 +29,12 @@ from bench import h200
 from bench import inputs as inputs_lib
 from bench.baseline import tokenize_row
 from bench.stats import mib
-from trainer import data as data_lib
-from trainer import flops, hardware, models
-from trainer.chat_corpus import write_chat_corpus
-from trainer.prepare import prepare
-from trainer.tokenizer import load_tokenizer, train_tokenizer
+from trainer.data import loader as data_lib
+from trainer.measure import flops, hardware
+from trainer import models
+from trainer.data.chat_corpus import write_chat_corpus
+from trainer.data.prepare import prepare
+from trainer.data.tokenizer import load_tokenizer, train_tokenizer
 
 _MB = 10**6
 PREPARE_SCALING_MB = {"full": 128, "quick": 16}
@@ -76,7 +77,7 @@ def prepare_scaling(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megab
 
 
 def prepare_chat(workdir: pathlib.Path, megabytes: int) -> None:
-    """trainer.prepare on JSONL chat rows (the generated chat corpus repeated), default loss on completions."""
+    """trainer.data.prepare on JSONL chat rows (the generated chat corpus repeated), default loss on completions."""
     conversations = workdir / f"chat-{CHAT_CONVERSATIONS}.jsonl"
     if not conversations.exists():
         write_chat_corpus(conversations, num_conversations=CHAT_CONVERSATIONS, seed=0)
@@ -109,7 +110,7 @@ def prepare_memory(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megaby
     text = repeated_text(inputs.corpus_path, workdir / f"text-{megabytes}MB.txt", megabytes)
     output = workdir / f"prepared-{megabytes}MB"
     shutil.rmtree(output, ignore_errors=True)
-    command = [sys.executable, "-m", "trainer.prepare", "--input", str(text), "--tokenizer", inputs.tokenizer.path,
+    command = [sys.executable, "-m", "trainer.data.prepare", "--input", str(text), "--tokenizer", inputs.tokenizer.path,
                "--output", str(output)]
     start = time.perf_counter()
     # A child forked from this (large, JAX-holding) process would count our pages in its peak RSS
@@ -117,10 +118,10 @@ def prepare_memory(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megaby
     measured = subprocess.run([sys.executable, "-c", _PEAK_RSS_OF_CHILD, *command], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if measured.returncode != 0:
-        raise SystemExit(f"python -m trainer.prepare failed on {text} (exit {measured.returncode}): {measured.stderr.strip()}")
+        raise SystemExit(f"python -m trainer.data.prepare failed on {text} (exit {measured.returncode}): {measured.stderr.strip()}")
     output_bytes = sum(f.stat().st_size for f in output.iterdir())
     size = text.stat().st_size
-    print(f"[prepare memory] python -m trainer.prepare (default workers) on {size / _MB:,.0f} MB: peak RSS "
+    print(f"[prepare memory] python -m trainer.data.prepare (default workers) on {size / _MB:,.0f} MB: peak RSS "
           f"{mib(int(measured.stdout.split()[-1]) * 1024)}, {size / _MB / seconds:.1f} MB/s, {seconds:.0f} s, "
           f"output {output_bytes / _MB:,.0f} MB")
     shutil.rmtree(output)
@@ -139,7 +140,7 @@ def loader_throughput(data: data_lib.TokenizedData, *, seq_len: int, batch_size:
 def loader_vs_step(inputs: inputs_lib.BenchInputs, step_seconds: dict[str, tuple[int, int, float]], batches: int) -> None:
     """`step_seconds`: config name -> (seq_len, batch_size, median step time of ours). Also what an H200 at the
     issue's MFU target would consume on Gemma 3 270M at the tutorial's shape, against this loader on this CPU."""
-    print("[loader] trainer.data.batches on one thread, against one train step of ours on the same shape")
+    print("[loader] trainer.data.loader.batches on one thread, against one train step of ours on the same shape")
     for name, (seq_len, batch_size, step_time) in step_seconds.items():
         per_batch = loader_throughput(inputs.data, seq_len=seq_len, batch_size=batch_size, batches=batches)
         print(f"  {name} (seq_len {seq_len}, batch {batch_size}): {1 / per_batch:8.1f} batches/s "

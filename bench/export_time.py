@@ -1,5 +1,5 @@
 """`python -m bench.export_time [--model tiny|gemma3-270m] [--dtype bfloat16|float32]`: how long the
-Hugging Face export (trainer.export.write_model) of a randomly initialised model takes, and its size.
+Hugging Face export (trainer.hf.export.write_model) of a randomly initialised model takes, and its size.
 
 Random weights: the export's time depends on the tensors' sizes, not their values.
 """
@@ -9,9 +9,11 @@ import pathlib
 import tempfile
 import time
 
-from trainer import export, models
-from trainer import tokenizer as tokenizer_lib
-from trainer.corpus import write_corpus
+from trainer.hf import export
+
+from trainer import models
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.data.corpus import write_corpus
 
 
 def main() -> None:

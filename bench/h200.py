@@ -26,7 +26,8 @@ from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
 from bench.stats import mib
-from trainer import flops, models
+from trainer.measure import flops
+from trainer import models
 
 SEQ_LENS = (256, 1024)
 TARGET_MFU = 0.4  # the project's target for ours at sequence 1024: 40% MFU

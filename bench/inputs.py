@@ -11,11 +11,11 @@ import pathlib
 
 import numpy as np
 
-from trainer import data as data_lib
+from trainer.data import loader as data_lib
 from trainer import loop
-from trainer.corpus import SEPARATOR, write_corpus
-from trainer.formats import read_documents
-from trainer.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from trainer.data.corpus import SEPARATOR, write_corpus
+from trainer.data.formats import read_documents
+from trainer.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 DEFAULT_WORKDIR = "/tmp/gemma-tpu-bench"
 
@@ -24,7 +24,7 @@ DEFAULT_WORKDIR = "/tmp/gemma-tpu-bench"
 class BenchInputs:
     corpus_path: pathlib.Path
     tokenizer: Tokenizer
-    data: data_lib.TokenizedData  # the corpus prepared by trainer.prepare (via open_data)
+    data: data_lib.TokenizedData  # the corpus prepared by trainer.data.prepare (via open_data)
 
     def documents(self) -> list[str]:
         """The corpus's documents as text, in file order (what the tutorial's loop reads)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
-from trainer import data as data_lib
+from trainer.data import loader as data_lib
 from trainer import loss, mesh, models, precision, step
 from trainer.config import TrainConfig
 

@@ -23,7 +23,8 @@ from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
 from bench.stats import Repeats, mib, peak_rss_bytes, spread
-from trainer import flops, hardware, models
+from trainer.measure import flops, hardware
+from trainer import models
 from trainer.config import PRESET_VALUES, TrainConfig
 
 

@@ -17,7 +17,8 @@ not all start. Pure and built once: infra.kueue applies them, the workload rende
 
 from typing import Any
 
-from infra.config import PRIORITIES, StackConfig
+from infra.config import StackConfig
+from infra.config.runs import PRIORITIES
 
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -5,7 +5,8 @@ in step)."""
 
 import sys
 
-from infra.config import TRAINER_OPTIONS, parse_stack_config, stack_models
+from infra.config import parse_stack_config
+from infra.config.training import TRAINER_OPTIONS, stack_models
 from infra.pricing import tpu_cost_per_hour
 from infra.stack_files import offline_values, shipped_stacks
 

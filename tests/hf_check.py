@@ -1,7 +1,7 @@
 """Loads Hugging Face exports with transformers (and PEFT) on CPU and writes what they compute.
 
 Runs in .venv-hf (Python 3.11, CPU torch; requirements-hf.txt), never in the trainer's environment:
-tests/trainer/test_export.py writes a plan, runs `HF_PYTHON tests/hf_check.py PLAN`, and compares
+tests/trainer/hf/test_export.py writes a plan, runs `HF_PYTHON tests/hf_check.py PLAN`, and compares
 the results with the JAX model. The plan (JSON):
   {"models": [{"model": DIR, "adapter": DIR or null, "tokens": [[id, ...], ...], "out": FILE.npy}, ...],
    "tokenizers": [{"dir": DIR, "text": STR, "messages": [...] or null, "out": FILE.json}, ...]}

@@ -14,8 +14,8 @@ def _layout_block() -> list[str]:
 
 
 def documented_modules() -> set[str]:
-    """Paths named in the layout: the `name.py` words a line starts with (its description follows),
-    under the `package/` line above it, or at the top for an unindented line."""
+    """Paths named in the layout: the `name.py` (or `subpackage/name.py`) words a line starts with (its
+    description follows), under the `package/` line above it, or at the top for an unindented line."""
     found, package = set(), ""
     for line in _layout_block():
         if re.fullmatch(r"[a-z_]+/", line.strip()) and not line.startswith(" "):
@@ -24,7 +24,7 @@ def documented_modules() -> set[str]:
         if line and not line.startswith(" "):
             package = ""
         for word in line.split():
-            if not re.fullmatch(r"[a-z_]+\.py", word):
+            if not re.fullmatch(r"([a-z_]+/)?[a-z_]+\.py", word) or ("/" in word and not package):
                 break
             found.add(package + word)
     return found
@@ -33,7 +33,8 @@ def documented_modules() -> set[str]:
 def actual_modules() -> set[str]:
     modules = {path.name for path in REPO.glob("*.py")}
     for package in PACKAGES:
-        modules |= {f"{package}/{path.name}" for path in (REPO / package).glob("*.py") if path.name != "__init__.py"}
+        modules |= {f"{package}/{path.relative_to(REPO / package)}" for path in (REPO / package).rglob("*.py")
+                    if path.name != "__init__.py"}
     return modules
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from trainer import chat, formats
+from trainer.data import chat, formats
 from trainer.errors import UserError
 
 # The one table of models: name -> (gemma class, official pre-trained checkpoint). Text-only
@@ -43,6 +43,10 @@ PRESETS = ("tiny", "tiny-chat")
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
 LOG_FORMATS = ("text", "json")
 MESH_AXES = ("data", "fsdp")
+# auto: the Pallas splash kernel on TPU for rows of a multiple of 128 tokens, else the dense mask (trainer.layers).
+ATTENTIONS = ("auto", "dense", "splash")
+# auto: the first of none, dots, full whose step the compiler fits in the chips' memory (trainer.step).
+REMATS = ("auto", "none", "dots", "full")
 # Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
 DISTRIBUTED_ENV = {
     "coordinator_address": "JAX_COORDINATOR_ADDRESS",
@@ -58,8 +62,8 @@ class TrainConfig:
     model: str = "gemma3-270m"
     weights: str = "official"  # official | random | a local or gs:// checkpoint path
     tokenizer: str | None = None  # None: the model's official tokenizer (required for `tiny`)
-    data: str | None = None  # raw text, JSONL or Parquet file, or a `trainer.prepare` output directory
-    data_format: str = formats.AUTO  # how a raw --data file is read (trainer.formats)
+    data: str | None = None  # raw text, JSONL or Parquet file, or a `trainer.data.prepare` output directory
+    data_format: str = formats.AUTO  # how a raw --data file is read (trainer.data.formats)
     loss_on: str = chat.COMPLETIONS  # chat data: train the model's turns only, or every token
     on_bad_row: str = formats.FAIL  # a raw --data file's unusable rows: fail or skip (counted)
     seq_len: int = 256
@@ -73,6 +77,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     lora_rank: int = 0
     compute_dtype: str = "auto"
+    attention: str = "auto"  # ATTENTIONS
+    remat: str = "auto"  # REMATS
     eval_fraction: float = 0.01
     eval_interval: int = 500
     checkpoint_dir: str | None = None  # None: WORKDIR/checkpoints
@@ -120,7 +126,7 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
         workdir="runs/demo",
     ),
 }
-# `--preset tiny-chat`: the same model taught to answer a generated chat corpus (trainer.chat_corpus),
+# `--preset tiny-chat`: the same model taught to answer a generated chat corpus (trainer.data.chat_corpus),
 # trained on the model's turns only. Conversations are short (~35 tokens), so a row packs several.
 PRESET_VALUES["tiny-chat"] = {**PRESET_VALUES["tiny"], "steps": 300, "warmup_steps": 30, "eval_interval": 100,
                               "checkpoint_interval": 100, "log_interval": 20, "workdir": "runs/chat-demo"}
@@ -222,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--weights", help=f"initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
     add("--data", help="a raw file, prepared once into WORKDIR/data_cache: text (documents separated by <|endoftext|>), JSON Lines "
-        "(.jsonl) or Parquet (.parquet) of text, chat (messages) or prompt/response rows; or a directory made by python -m trainer.prepare")
+        "(.jsonl) or Parquet (.parquet) of text, chat (messages) or prompt/response rows; or a directory made by python -m trainer.data.prepare")
     add("--data-format", choices=formats.DATA_FORMATS, help="how a raw --data file is read; auto: by its extension and first row's "
         f"keys (default {d.data_format})")
     add("--loss-on", choices=chat.LOSS_ON, help="chat and prompt/response data: train on the model's turns only (completions) or "
@@ -241,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lora-rank", type=_non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
     add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
         "auto: bfloat16 on TPU, GPU and CPUs with native bfloat16 instructions, else float32 (default auto)")
+    add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row) or splash (the TPU kernel, "
+        f"block-sparse over documents and Gemma 3's sliding window); auto: splash on TPU when --seq-len is a multiple of 128 (default {d.attention})")
+    add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul outputs) or full (keeps each "
+        f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
     add("--eval-fraction", type=_fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")
     add("--eval-interval", type=_positive_int, help=f"steps between evaluations (default {d.eval_interval})")
     add("--checkpoint-dir", help="Orbax checkpoints, a local directory or gs:// path; a run resumes from its latest (default WORKDIR/checkpoints)")
@@ -351,7 +361,7 @@ def _check_consistency(config: TrainConfig) -> None:
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
     if config.preset is None:
         if config.data is None:
-            raise UserError("--data is required: a raw text, JSONL or Parquet file or a python -m trainer.prepare directory "
+            raise UserError("--data is required: a raw text, JSONL or Parquet file or a python -m trainer.data.prepare directory "
                             "(or use --preset tiny or tiny-chat)")
         if config.model == "tiny" and config.tokenizer is None:
             raise UserError("--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny")

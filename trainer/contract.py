@@ -11,7 +11,7 @@ RETRY = 75
 
 # The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
 TRAINER_UID = 1000
-# `python -m trainer.prepare` writes this file last inside its output and renames the output into
+# `python -m trainer.data.prepare` writes this file last inside its output and renames the output into
 # place: its presence means the prepared data is complete.
 PREPARED_MARKER_FILE = "meta.json"
 

@@ -46,7 +46,7 @@ def _latest_checkpoint_params(config, run: dict, model_config):
     import jax
     import orbax.checkpoint as ocp
 
-    from trainer import checkpoint, loop, step
+    from trainer import checkpoint, models, step
 
     directory = checkpoint.absolute_path(run["checkpoint_dir"])
     if not directory.exists():
@@ -58,7 +58,7 @@ def _latest_checkpoint_params(config, run: dict, model_config):
         return None
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     shard = lambda tree: jax.tree.map(lambda _: device, tree)  # noqa: E731
-    trained, frozen = loop.initial_params(config, model_config, shard, resuming=True)
+    trained, frozen = models.initial_params(config, model_config, shard, resuming=True)
     optimizer = step.build_optimizer(step.OptimizerConfig(
         lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
         total_steps=run.get("total_steps") or 1, weight_decay=config.weight_decay, grad_clip=config.grad_clip))
@@ -73,7 +73,7 @@ def load_run(workdir: pathlib.Path, run: dict):
     import jax.numpy as jnp
 
     from trainer import models, precision, step
-    from trainer.tokenizer import load_tokenizer
+    from trainer.data.tokenizer import load_tokenizer
 
     config = _train_config(run)
     tokenizer = load_tokenizer(run["tokenizer"])
@@ -97,7 +97,7 @@ def load_run(workdir: pathlib.Path, run: dict):
 
 
 def _is_chat_run(run: dict) -> bool:
-    from trainer import formats
+    from trainer.data import formats
 
     return formats.kind_of(run.get("data_format", formats.TEXT)) != formats.TEXT
 
@@ -129,7 +129,9 @@ def main(argv=None) -> int | None:
     run = read_run_config(workdir)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    from trainer import sampling
+    from trainer import mesh, sampling
+
+    mesh.require_requested_platform()
 
     model, params, tokenizer = load_run(workdir, run)
     chat_template = _is_chat_run(run) if args.chat is None else args.chat

@@ -15,18 +15,20 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from trainer import checkpoint, flops, mesh, models, precision, sampling, shared_files, step
-from trainer import data as data_lib
-from trainer import tokenizer as tokenizer_lib
+from trainer import checkpoint, mesh, models, precision, sampling, shared_files, step
+from trainer.hf import export
+
+from trainer.measure import flops
+from trainer.data import loader as data_lib
+from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
-from trainer.chat_corpus import write_chat_corpus
-from trainer.corpus import write_corpus
+from trainer.data.chat_corpus import write_chat_corpus
+from trainer.data.corpus import write_corpus
 from trainer.errors import UserError
-from trainer.loss import choose_vocab_chunk
 from trainer.metrics import METRICS_FILE, MetricsReporter
-from trainer.plot import plot_loss
+from trainer.measure.plot import plot_loss
 from trainer.preemption import PreemptionNotice
-from trainer.throughput import ThroughputMeter
+from trainer.measure.throughput import ThroughputMeter
 
 # The demo's generated inputs (`--preset tiny` or `tiny-chat` without --data / --tokenizer).
 DEMO_STORIES = 4000
@@ -46,8 +48,8 @@ class Preempted(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    data: object  # trainer.data.TokenizedData
-    tokenizer: object  # trainer.tokenizer.Tokenizer
+    data: object  # trainer.data.loader.TokenizedData
+    tokenizer: object  # trainer.data.tokenizer.Tokenizer
     data_source: str
     tokenizer_path: str
 
@@ -80,16 +82,12 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
-    shard = lambda tree: mesh.state_shardings(device_mesh, tree)  # noqa: E731
     _check_batch(config, device_mesh)
     total_steps = config.steps or config.epochs * data_lib.steps_per_epoch(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, eval_fraction=config.eval_fraction
     )
-    optimizer_config = step.OptimizerConfig(
-        lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
-        weight_decay=config.weight_decay, grad_clip=config.grad_clip,
-    )
-    optimizer = step.build_optimizer(optimizer_config)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
+    optimizer = run_step.optimizer
     train_batches = data_lib.batches(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, seed=config.seed, split="train",
         eval_fraction=config.eval_fraction, epochs=None if config.steps else config.epochs,
@@ -98,24 +96,25 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
     checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints)
     resume_step = checkpointer.latest_step()
 
-    trained, frozen = initial_params(config, model_config, shard, resuming=resume_step is not None)
+    trained, frozen = models.initial_params(config, model_config, run_step.shard, resuming=resume_step is not None)
     frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)  # None stays None
     if resume_step is None:
-        state = step.init_state(trained, optimizer, state_shardings_fn=shard)
+        state = step.init_state(trained, optimizer, state_shardings_fn=run_step.shard)
         start_step = 0
     else:
-        abstract = step.abstract_state(trained, optimizer, state_shardings_fn=shard)
+        abstract = step.abstract_state(trained, optimizer, state_shardings_fn=run_step.shard)
         start_step, state = checkpointer.restore_latest(abstract, train_batches)
 
-    model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
+    # Compiled ahead of its first call, so that --remat auto can try the next policy when one does not fit.
+    run_step, lowered, compiled_train = step.compile_run_step(
+        config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype,
+        train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
+    model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
-    functions = step.make_step_functions(
-        model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap,
-        vocab_chunk=choose_vocab_chunk(positions_per_step // device_mesh.size, model_config.num_embed), state_shardings=shard(state),
-    )
     if is_main:
         write_resolved_config(config, workdir, model_config=model_config, inputs=inputs, total_steps=total_steps,
-                              mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype)
+                              mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype, run_step=run_step,
+                              step_fingerprint=step.step_fingerprint(lowered))
 
     with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
                          is_main_process=is_main, start_step=start_step + 1, stream=sys.stdout,
@@ -130,7 +129,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             reporter.text("samples/before", start_step, sample(state))
         loop = _StepLoop(
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
-            checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(optimizer_config), inputs=inputs,
+            checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(run_step.optimizer_config), inputs=inputs,
             throughput=ThroughputMeter(
                 positions_per_step=positions_per_step,
                 flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
@@ -162,7 +161,7 @@ def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
     data_source = config.data or str(generated / ("chat.jsonl" if chat_demo else "corpus.txt"))
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
-        tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else models.OFFICIAL_TOKENIZER
+        tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else tokenizer_lib.official_tokenizer_path()
 
     def make_and_open():
         if config.data is None and not pathlib.Path(data_source).exists():
@@ -207,32 +206,8 @@ def _check_batch(config: TrainConfig, device_mesh) -> None:
             raise UserError(f"--batch-size {config.batch_size} must be a multiple of {what}")
 
 
-def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
-    """(trained, frozen): full fine-tune -> (all weights, None); LoRA -> (adapters, base weights).
-
-    The run's one LoRA decision: past here, `frozen is None` is a full fine-tune (step.model_params).
-    A resumed full fine-tune restores every trained weight from the checkpoint, so only the
-    shapes are built here; a resumed LoRA run still needs its frozen base.
-    """
-    if not config.lora_rank:
-        if resuming:
-            return jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed, out_shardings=shard)), None
-        return _base_weights(config, model_config, shard), None
-    base = _base_weights(config, model_config, shard)
-    return models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard), base
-
-
-def _base_weights(config: TrainConfig, model_config, shard):
-    """The model's weights as --weights gives them: random, the official checkpoint or a checkpoint path."""
-    if config.weights == "random":
-        return models.init_params(model_config, seed=config.seed, out_shardings=shard)
-    path = models.official_checkpoint(config.model) if config.weights == "official" else config.weights
-    expected = jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed))
-    return models.load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
-
-
 def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_config, inputs: Inputs, total_steps: int,
-                          mesh_shape: dict, compute_dtype) -> None:
+                          mesh_shape: dict, compute_dtype, run_step: step.RunStep, step_fingerprint: str) -> None:
     resolved = {
         **dataclasses.asdict(config),
         "data": inputs.data_source,
@@ -248,6 +223,10 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "process_count": jax.process_count(),
         "device_kind": jax.devices()[0].device_kind,
         "compute_dtype": jnp.dtype(compute_dtype).name,
+        "attention_kind": run_step.layers.attention,  # what --attention auto and --remat auto became
+        "remat_policy": run_step.layers.remat,
+        # The lowered train step's digest: `python -m workloads fit` reports the same for the program it compiled.
+        "step_fingerprint": step_fingerprint,
         "model_config": dataclasses.asdict(model_config),
     }
     shared_files.write_text_atomically(workdir / "config.json", json.dumps(resolved, indent=2, default=str) + "\n")
@@ -358,8 +337,8 @@ def export_final(workdir: pathlib.Path, state, frozen) -> None:
     """WORKDIR/export/params: a plain Gemma tree for gm.ckpts.load_params (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
     Hugging Face directory (bfloat16) that serving stacks load. A failed HF export only warns: the
-    weights are safe in export/params, and `python -m trainer.export` writes it again."""
-    from trainer import export  # trainer.export reads runs through this module
+    weights are safe in export/params, and `python -m trainer.hf.export` writes it again."""
+    from trainer.hf import export  # trainer.hf.export reads runs through this module
 
     export_dir = workdir / "export"
     if frozen is not None:
@@ -371,4 +350,4 @@ def export_final(workdir: pathlib.Path, state, frozen) -> None:
         export.write_final_export(export_dir / "hf", workdir, merged)
     except (OSError, UserError) as error:
         checkpoint.print_warning(f"{export_dir / 'hf'}: the Hugging Face export failed ({error}); the weights are in "
-                                 f"{export_dir / 'params'}: run python -m trainer.export --run {workdir} --format hf --out DIR")
+                                 f"{export_dir / 'params'}: run python -m trainer.hf.export --run {workdir} --format hf --out DIR")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from trainer import layers as layers_lib
+
 # Logits of more elements than this ([tokens, vocab]) are computed in vocabulary chunks instead.
 # 2**26 float32 = 256 MiB per device; Gemma's 262,144 vocabulary passes it from 256 tokens on.
 MAX_LOGITS_ELEMENTS = 2**26
@@ -23,15 +25,14 @@ def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
     return same_segment & causal
 
 
-def hidden_states(model, params, batch) -> jax.Array:
-    """Final hidden states [B, L, D]; the logits the model also returns are unused and compiled away."""
-    output = model.apply(
-        {"params": params},
-        batch["input_tokens"],
-        positions=batch["positions"],
-        attention_mask=packed_attention_mask(batch["segment_ids"]),
-        return_hidden_states=True,
-    )
+def hidden_states(model, params, batch, layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> jax.Array:
+    """Final hidden states [B, L, D]; the logits the model also returns are unused and compiled away.
+    Splash attention reads the segment ids instead of a mask (gemma's default causal mask goes unused)."""
+    variables = {"params": params, **layers_lib.variables(layers, batch["segment_ids"])}
+    mask = None if layers.attention == "splash" else packed_attention_mask(batch["segment_ids"])
+    with layers_lib.applied(layers):
+        output = model.apply(variables, batch["input_tokens"], positions=batch["positions"], attention_mask=mask,
+                             return_hidden_states=True)
     return output.hidden_states
 
 
@@ -64,19 +65,21 @@ def token_losses(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *,
     return (log_normalizer - target_logits).reshape(batch_shape)
 
 
+def chunk_logsumexp(hidden, chunk, chunk_valid, softcap: float | None) -> jax.Array:
+    """log-sum-exp over one vocabulary chunk [chunk, D] of the logits of `hidden` [tokens, D]: the body
+    of the chunk loop (trainer.measure.compiled counts its cost once per iteration)."""
+    logits = jnp.where(chunk_valid, _logits(hidden, chunk, softcap), -jnp.inf)
+    return jax.nn.logsumexp(logits, axis=-1)
+
+
 def _chunked_logsumexp(hidden, embedding, softcap, vocab_chunk: int) -> jax.Array:
     vocab_size, dim = embedding.shape
     num_chunks = -(-vocab_size // vocab_chunk)
     padding = num_chunks * vocab_chunk - vocab_size
     chunks = jnp.pad(embedding, ((0, padding), (0, 0))).reshape(num_chunks, vocab_chunk, dim)
     valid = (jnp.arange(num_chunks * vocab_chunk) < vocab_size).reshape(num_chunks, vocab_chunk)
-
-    @jax.checkpoint
-    def chunk_logsumexp(chunk, chunk_valid):
-        logits = jnp.where(chunk_valid, _logits(hidden, chunk, softcap), -jnp.inf)
-        return jax.nn.logsumexp(logits, axis=-1)
-
-    per_chunk = jax.lax.map(lambda args: chunk_logsumexp(*args), (chunks, valid))  # [chunks, tokens]
+    body = jax.checkpoint(lambda chunk, chunk_valid: chunk_logsumexp(hidden, chunk, chunk_valid, softcap))
+    per_chunk = jax.lax.map(lambda args: body(*args), (chunks, valid))  # [chunks, tokens]
     return jax.nn.logsumexp(per_chunk, axis=0)
 
 
@@ -85,10 +88,11 @@ def choose_vocab_chunk(tokens: int, vocab_size: int) -> int | None:
     return None if tokens * vocab_size <= MAX_LOGITS_ELEMENTS else VOCAB_CHUNK
 
 
-def loss_sums(model, params, batch, *, softcap: float | None, vocab_chunk: int | None) -> tuple[jax.Array, jax.Array]:
+def loss_sums(model, params, batch, *, softcap: float | None, vocab_chunk: int | None,
+              layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> tuple[jax.Array, jax.Array]:
     """(sum of masked token losses, number of masked tokens): the mean is their ratio, computed by
     the caller over the whole global batch so that padding never dilutes it."""
-    hidden = hidden_states(model, params, batch)
+    hidden = hidden_states(model, params, batch, layers)
     embedding = params["embedder"]["input_embedding"]
     losses = token_losses(hidden, embedding, batch["target_tokens"], softcap=softcap, vocab_chunk=vocab_chunk)
     mask = batch["loss_mask"].astype(jnp.float32)

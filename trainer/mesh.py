@@ -29,7 +29,7 @@ from trainer.errors import UserError
 BATCH_AXES = ("data", "fsdp")
 # Arrays smaller than this stay replicated: splitting norms and biases saves nothing and costs collectives.
 MIN_FSDP_ELEMENTS = 2**16
-_ACCELERATOR_PLUGINS = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin")
+_GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 T = TypeVar("T")
 # Process 0 may tokenize a multi-gigabyte --data file for a while before the others can start.
 WAIT_FOR_PROCESS_ZERO_S = 2 * 3600
@@ -38,11 +38,23 @@ _USER_ERROR = "user error: "
 _CRASHED = "crashed: "
 
 
+def _installed(plugin: str) -> bool:
+    return importlib.util.find_spec(plugin) is not None
+
+
+def tpu_chips_attached() -> int:
+    """TPU chips on this machine's PCI bus (JAX's own test, read without starting libtpu)."""
+    from jax._src import hardware_utils
+
+    return hardware_utils.num_available_tpu_chips_and_device_id()[0]
+
+
 def _accelerator_installed() -> bool:
-    """Whether JAX will find a TPU or GPU, decided without initialising a backend (initialize must come first)."""
+    """Whether JAX will find a TPU or GPU, decided without initialising a backend (initialize must come first).
+    libtpu alone is no TPU: the development environment carries it to compile for TPU (trainer.measure.compiled)."""
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return False
-    return any(importlib.util.find_spec(name) is not None for name in _ACCELERATOR_PLUGINS)
+    return (_installed("libtpu") and tpu_chips_attached() > 0) or any(_installed(name) for name in _GPU_PLUGINS)
 
 
 def initialize_distributed(*, coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> bool:
@@ -108,14 +120,22 @@ def process_zero_first(what: str, make: Callable[[], T]) -> T:
 def require_requested_platform() -> None:
     """With JAX_PLATFORMS set, a backend that does not start is one clear error. Without it JAX
     falls back to the host CPU with a warning, and a TPU pod would train on its CPU for hours; the
-    TPU pods set JAX_PLATFORMS=tpu (workloads.spec)."""
+    TPU pods set JAX_PLATFORMS=tpu (workloads.spec). Unset, on a machine with libtpu but no TPU chip
+    (the development environment), JAX is kept off the TPU backend, whose start-up only prints warnings."""
     requested = os.environ.get("JAX_PLATFORMS", "").strip()
     if not requested:
+        if _installed("libtpu") and not tpu_chips_attached() and not any(_installed(name) for name in _GPU_PLUGINS):
+            jax.config.update("jax_platforms", "cpu")
         return
-    try:
-        jax.devices()
-    except RuntimeError as error:
-        reason = str(error).split(" (set JAX_PLATFORMS")[0]
+    reason = None
+    if "tpu" in requested.lower().split(",") and not tpu_chips_attached():
+        reason = "no TPU chip is attached to this machine"
+    else:
+        try:
+            jax.devices()
+        except RuntimeError as error:
+            reason = str(error).split(" (set JAX_PLATFORMS")[0]
+    if reason:
         raise UserError(
             f"environment variable JAX_PLATFORMS={requested}: that backend did not start ({reason}); on a GKE TPU "
             "node the pod must request google.com/tpu and its user must be able to open the TPU device files "

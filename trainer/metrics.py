@@ -83,7 +83,7 @@ class MetricsReporter:
 
     `start_step` is the first step this run will report: above 0 when resuming, so that
     TensorBoard drops what an interrupted earlier run logged from that step on (the lines it
-    left in metrics.jsonl stay; `trainer.plot` keeps the later report of a step).
+    left in metrics.jsonl stay; `trainer.measure.plot` keeps the later report of a step).
     `clock` is the time source for the ETA (injectable for tests). `log_format` is "text" or
     "json" (trainer.config.LOG_FORMATS).
     """

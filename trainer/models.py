@@ -16,13 +16,10 @@ import jax.numpy as jnp
 from gemma import gm, peft
 
 from trainer import checkpoint
-from trainer.config import GEMMA3_MODELS, TINY
+from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
 from trainer.errors import UserError
 
 Params = dict[str, Any]
-
-OFFICIAL_TOKENIZER = str(gm.text.Gemma3Tokenizer.path)
-
 
 TINY_LAYERS = 4
 
@@ -166,3 +163,27 @@ def _adapter_delta(weight_shape: tuple[int, ...], lora: Params) -> jax.Array:
     a_str = "".join(letters[i] for i in a_axes) + "z"
     b_str = "z" + "".join(letters[i] for i in b_axes)
     return jnp.einsum(f"{a_str},{b_str}->{letters}", a, b)
+
+
+def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
+    """(trained, frozen): full fine-tune -> (all weights, None); LoRA -> (adapters, base weights).
+
+    The run's one LoRA decision: past here, `frozen is None` is a full fine-tune (step.model_params).
+    A resumed full fine-tune restores every trained weight from the checkpoint, so only the
+    shapes are built here; a resumed LoRA run still needs its frozen base.
+    """
+    if not config.lora_rank:
+        if resuming:
+            return jax.eval_shape(lambda: init_params(model_config, seed=config.seed, out_shardings=shard)), None
+        return _base_weights(config, model_config, shard), None
+    base = _base_weights(config, model_config, shard)
+    return init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard), base
+
+
+def _base_weights(config: TrainConfig, model_config, shard):
+    """The model's weights as --weights gives them: random, the official checkpoint or a checkpoint path."""
+    if config.weights == "random":
+        return init_params(model_config, seed=config.seed, out_shardings=shard)
+    path = official_checkpoint(config.model) if config.weights == "official" else config.weights
+    expected = jax.eval_shape(lambda: init_params(model_config, seed=config.seed))
+    return load_weights(path, flag="--weights", expected=expected, out_shardings=shard)

@@ -2,7 +2,7 @@
 
 Greedy by default; with a temperature, sampled from the softmax of logits / temperature, cut to the
 smallest set of tokens whose probability reaches top_p. For chat data the prompt is a user turn of
-Gemma's template (trainer.chat) and the generation stops at <end_of_turn>.
+Gemma's template (trainer.data.chat) and the generation stops at <end_of_turn>.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainer import chat, loss
-from trainer.chat_corpus import SAMPLE_PROMPTS as CHAT_PROMPTS
+from trainer.data import chat
+
+from trainer import loss
+from trainer.data.chat_corpus import SAMPLE_PROMPTS as CHAT_PROMPTS
 
 # Openings in the style of the stories the demo and TinyStories train on.
 PROMPTS = ("Once upon a time", "One day, a little girl named")
@@ -88,7 +90,7 @@ def complete(model, params, tokenizer, prompt: str, *, chat_template: bool, **ge
         generated = generate_ids(model, params, chat_prompt_ids(tokenizer, prompt),
                                  stop_ids=(end_of_turn, tokenizer.eos_id), **generation)
         return tokenizer.decode(generated)
-    # Documents start with BOS in training (trainer.data), so prompts do too.
+    # Documents start with BOS in training (trainer.data.loader), so prompts do too.
     prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
     if generation.get("buffer_tokens"):
         prompt_ids = prompt_ids[: generation["buffer_tokens"] - 1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer import loss, models
+from trainer import layers as layers_lib
+from trainer import loss, mesh, models
 
 State = dict[str, Any]
 
@@ -89,10 +91,11 @@ def make_step_functions(
     softcap: float | None,
     vocab_chunk: int | None,
     state_shardings=None,
+    layers: layers_lib.LayerOptions = layers_lib.LayerOptions(),
 ) -> StepFunctions:
     def loss_sums(trained, frozen, batch):
         params = forward_params(trained, frozen, compute_dtype)
-        return loss.loss_sums(model, params, batch, softcap=softcap, vocab_chunk=vocab_chunk)
+        return loss.loss_sums(model, params, batch, softcap=softcap, vocab_chunk=vocab_chunk, layers=layers)
 
     def mean_loss(trained, frozen, batch):
         total, count = loss_sums(trained, frozen, batch)
@@ -140,3 +143,114 @@ def abstract_state(params, optimizer: optax.GradientTransformation, *, state_sha
     shapes = jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), params)
     with_sharding = lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)  # noqa: E731
     return jax.tree.map(with_sharding, shapes, state_shardings_fn(shapes))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunStep:
+    """A run's step as built from its options, model and mesh, in one place: the loop trains with it and
+    `python -m workloads fit` compiles the same for a TPU slice (trainer.measure.compiled)."""
+
+    model: Any
+    optimizer: optax.GradientTransformation
+    optimizer_config: OptimizerConfig
+    compute_dtype: Any
+    device_mesh: Any
+    vocab_chunk: int | None
+    layers: layers_lib.LayerOptions
+    functions: StepFunctions
+
+    def shard(self, tree):
+        """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.mesh)."""
+        return mesh.state_shardings(self.device_mesh, tree)
+
+
+def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype, remat: str | None = None,
+                   vocab_chunk: int | None = None) -> RunStep:
+    """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule; `remat` is
+    one policy (default: the first candidate of config.remat); `vocab_chunk` overrides trainer.loss's
+    choice (the vocabulary size or more: plain logits)."""
+    optimizer_config = OptimizerConfig(
+        lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
+        weight_decay=config.weight_decay, grad_clip=config.grad_clip,
+    )
+    optimizer = build_optimizer(optimizer_config)
+    model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
+    if vocab_chunk is None:
+        vocab_chunk = loss.choose_vocab_chunk(config.batch_size * config.seq_len // device_mesh.size, model_config.num_embed)
+    shard = lambda tree: mesh.state_shardings(device_mesh, tree)  # noqa: E731
+    trained, _ = abstract_params(config, model_config)
+    platform = device_mesh.devices.flat[0].platform
+    layers = layers_lib.LayerOptions(
+        attention=layers_lib.choose_attention(config.attention, platform=platform, seq_len=config.seq_len),
+        remat=remat or remat_candidates(config.remat)[0], mesh=device_mesh, batch_axes=mesh.BATCH_AXES,
+        interpret=platform != "tpu")
+    functions = make_step_functions(
+        model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap, vocab_chunk=vocab_chunk,
+        state_shardings=shard(jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), trained)), layers=layers,
+    )
+    return RunStep(model=model, optimizer=optimizer, optimizer_config=optimizer_config, compute_dtype=compute_dtype,
+                   device_mesh=device_mesh, vocab_chunk=vocab_chunk, layers=layers, functions=functions)
+
+
+def remat_candidates(requested: str) -> tuple[str, ...]:
+    """The rematerialisation policies to try, least recomputation first."""
+    return ("none", "dots", "full") if requested == "auto" else (requested,)
+
+
+def out_of_memory(error: Exception) -> bool:
+    """Whether a compile failed because the program does not fit the device's memory."""
+    return "RESOURCE_EXHAUSTED" in str(error)
+
+
+def compile_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype, train_args: Callable,
+                     vocab_chunk: int | None = None):
+    """(run_step, lowered, compiled train step) with the first rematerialisation policy of config.remat
+    whose program the compiler fits in memory; `train_args(run_step)` gives the train step's arguments
+    (arrays or shapes). The last policy's refusal is raised."""
+    candidates = remat_candidates(config.remat)
+    for remat in candidates:
+        run_step = build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype,
+                                  remat=remat, vocab_chunk=vocab_chunk)
+        lowered = run_step.functions.train.lower(*train_args(run_step))
+        try:
+            return run_step, lowered, lowered.compile()
+        except jax.errors.JaxRuntimeError as error:
+            if not out_of_memory(error) or remat == candidates[-1]:
+                raise
+
+
+def abstract_params(config, model_config):
+    """(trained, frozen) as shapes: what models.initial_params gives, without reading any weights."""
+    if not config.lora_rank:
+        return jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed)), None
+    base = jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed))
+    return jax.eval_shape(lambda: models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank)), base
+
+
+BATCH_KEYS = {"input_tokens": jnp.int32, "target_tokens": jnp.int32, "segment_ids": jnp.int32, "positions": jnp.int32,
+              "loss_mask": jnp.float32}  # trainer.data.loader.batches' arrays
+
+
+def abstract_train_args(run_step: RunStep, config, model_config):
+    """(state, frozen, batch) of the train step as shapes, dtypes and shardings, as the loop passes
+    them: the state sharded by `run_step.shard`, the frozen base in the compute dtype, the global batch
+    split over every device."""
+    trained, frozen = abstract_params(config, model_config)
+    state = abstract_state(trained, run_step.optimizer, state_shardings_fn=run_step.shard)
+    if frozen is not None:
+        frozen = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, run_step.compute_dtype, sharding=sharding),
+                              frozen, run_step.shard(frozen))
+    return state, frozen, abstract_batch(run_step, config)
+
+
+def abstract_batch(run_step: RunStep, config) -> dict:
+    """The global batch the train step takes, split over every device (trainer.mesh.global_batch)."""
+    sharding = mesh.batch_sharding(run_step.device_mesh)
+    return {key: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), dtype, sharding=sharding)
+            for key, dtype in BATCH_KEYS.items()}
+
+
+def step_fingerprint(lowered) -> str:
+    """A short digest of a lowered train step's program text: the run records it in config.json and
+    `python -m workloads fit` reports it, so equal digests mean the same program was compiled."""
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]

@@ -1,4 +1,6 @@
-"""`python -m workloads render --stack NAME [--out DIR]`: the run's Kubernetes objects as YAML, offline.
+"""`python -m workloads render --stack NAME [--out DIR]`: the run's Kubernetes objects as YAML, offline;
+`python -m workloads fit --stack NAME [--run RUN] [--json]`: each run's step compiled for its TPU slice
+(workloads.fit).
 
 Prints (or writes into DIR, one file per object, numbered in apply order) the namespace, the
 ServiceAccounts of training and of data preparation, the Kueue queue (with gemma-tpu:queue), the
@@ -11,6 +13,7 @@ it) is infra.stack_files' placeholder. An invalid config exits with code 2 and i
 """
 
 import argparse
+import os
 import pathlib
 import sys
 from typing import Any
@@ -70,12 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     render = commands.add_parser("render", help="print or write the stack's Kubernetes objects as YAML")
     render.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
     render.add_argument("--out", "--output", dest="out", type=pathlib.Path, help="write one YAML file per object into this directory")
+    fit = commands.add_parser("fit", help="compile each run's training step for its TPU slice: memory per chip, cost, largest batch")
+    fit.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
+    fit.add_argument("--run", help="only this run of gemma-tpu:runs (default: every run)")
+    fit.add_argument("--json", action="store_true", help="one JSON list of the runs' figures, for tools")
+    fit.add_argument("--no-batch-search", dest="search_batch", action="store_false",
+                     help="skip the compiles that find the largest batch that fits (one compile a run instead of 2-4)")
     args = parser.parse_args(argv)
     try:
         config = render_config(args.stack)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR
+    if args.command == "fit":
+        return fit_command(config, args)
     objects = stack_objects(config)
     if args.out is None:
         print(to_yaml(objects), end="")
@@ -87,6 +98,26 @@ def main(argv: list[str] | None = None) -> int:
     if config.queue.enabled:
         print(f"the queue: kubectl get workloads -n {config.namespace}")
     return 0
+
+
+def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
+    # gemma imports TensorFlow, whose start-up lines say nothing about the fit.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    from trainer.errors import UserError
+    from workloads import fit
+
+    try:
+        reports = [run.report for run in fit.fit_runs(config, image=config.image or IMAGE_PLACEHOLDER, run_name=args.run,
+                                                      search_batch=args.search_batch)]
+    except (ValueError, UserError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return USER_ERROR
+    print(fit.to_json(reports) if args.json else fit.table(reports))
+    misfits = [report for report in reports if not report["fits"]]
+    for report in misfits:
+        print(f"error: {fit.advice(report)}", file=sys.stderr)
+    return USER_ERROR if misfits else 0
 
 
 if __name__ == "__main__":

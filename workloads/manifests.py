@@ -305,9 +305,9 @@ def training(spec: RunSpec) -> dict[str, Any]:
     return training_job(spec) if spec.shape == "job" else training_jobset(spec)
 
 
-# `python -m trainer.prepare` in the trainer image, whose entrypoint is the trainer's. Idempotent: a
+# `python -m trainer.data.prepare` in the trainer image, whose entrypoint is the trainer's. Idempotent: a
 # complete output (its marker) ends it before any download.
-_PREPARE_COMMAND = ("python", "-m", "trainer.prepare")
+_PREPARE_COMMAND = ("python", "-m", "trainer.data.prepare")
 
 
 def _dataset_source(spec: RunSpec) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -331,7 +331,7 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
     into `spec.prepared_dir` of the data bucket, unless that is already complete."""
     source_args, source_volumes, source_mounts = _dataset_source(spec)
     # The official tokenizer: the one the trainer reads the prepared data with (every model but tiny).
-    # trainer.prepare writes `spec.prepared_path` with its marker, contract.PREPARED_MARKER_FILE, last.
+    # trainer.data.prepare writes `spec.prepared_path` with its marker, contract.PREPARED_MARKER_FILE, last.
     args = [*source_args, *spec.preparation_flags, "--tokenizer", "official", "--output", spec.prepared_path,
             "--workers", str(_PREPARE_CPUS)]  # fmt: skip
     resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}

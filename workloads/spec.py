@@ -11,7 +11,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from infra.config import PreparationConfig, RunConfig, StackConfig, TrainingConfig, trainer_flags
+from infra.config import RunConfig, StackConfig
+from infra.config.training import PreparationConfig, TrainingConfig, trainer_flags
 from infra.queues import LOCAL_QUEUE, priority_class_name
 from infra.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
@@ -42,7 +43,7 @@ RETRYABLE_EXIT_CODES = (contract.RETRY, 128 + 15)
 _PREPARED_HASH_CHARS = 8
 # 2: a downloaded dataset is recorded by its URL (1: by the preparation pod's scratch copy). A new
 # record gives the prepared data a new directory, prepared once beside the old one, rather than a
-# complete old one that trainer.prepare refuses as "prepared from another source".
+# complete old one that trainer.data.prepare refuses as "prepared from another source".
 PREPARED_SOURCE_RECORD = 2
 
 
@@ -86,7 +87,7 @@ class RunSpec:
     pod_disk_gib: int  # each training pod's ephemeral-storage request (cache volume and scratch)
     artifacts_bucket: str
     dataset: str  # https:// URL or gs:// path of the raw data (text, JSONL or Parquet)
-    preparation_flags: tuple[str, ...]  # trainer.prepare's flags for how it reads the dataset
+    preparation_flags: tuple[str, ...]  # trainer.data.prepare's flags for how it reads the dataset
     prepared_dir: str  # the prepared shards, relative to the data bucket
     prepare_name: str  # the data preparation Job's name (one per dataset)
     run_dir: str  # this run's directory, relative to the artifacts bucket
@@ -125,8 +126,8 @@ def _digest(value: object) -> str:
 
 def prepared_key(run: RunConfig) -> str:
     """The prepared data's directory and preparation Job key. Shards depend only on the corpus (the
-    tokenizer is the model family's, see trainer.prepare), on how it is read (its format, loss
-    mask and bad rows; counted only when not trainer.prepare's defaults, so that the prepared data
+    tokenizer is the model family's, see trainer.data.prepare), on how it is read (its format, loss
+    mask and bad rows; counted only when not trainer.data.prepare's defaults, so that the prepared data
     of a stack that sets none keeps its directory) and on how a prepared directory records its
     source (PREPARED_SOURCE_RECORD)."""
     identity: dict = {"dataset": run.training.dataset, "source_record": PREPARED_SOURCE_RECORD}

@@ -3,7 +3,8 @@ test_bad_stack_inputs.py."""
 
 import pytest
 
-from infra.config import TINYSTORIES_URL, parse_stack_config
+from infra.config import parse_stack_config
+from infra.config.training import TINYSTORIES_URL
 from infra.stack_files import load_stack_file
 from infra.errors import ConfigError
 from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, stack_values
@@ -100,7 +101,7 @@ def test_a_model_added_to_the_trainers_table_is_one_the_stack_and_the_trainer_ta
 
 
 def test_training_defaults_are_the_trainers_and_the_pods_get_only_what_the_stack_sets():
-    from infra.config import TRAINER_OPTIONS, trainer_flags
+    from infra.config.training import TRAINER_OPTIONS, trainer_flags
     from trainer.config import TrainConfig, parse_config
 
     training = parse().runs[0].training

@@ -3,7 +3,7 @@ These cases are the rows of the trainer sections of docs/bad-inputs.md: `python 
 prints those sections, and a test checks that the document shows them.
 
 Each case runs in a folder of its own that holds `tokenizer.model` (a SentencePiece model of 512 pieces)
-and `prepared/` (a corpus made by `python -m trainer.prepare` with it), plus the case's files, with
+and `prepared/` (a corpus made by `python -m trainer.data.prepare` with it), plus the case's files, with
 BASE_ARGS and then the case's flags (a later flag replaces an earlier one)."""
 
 import io
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.corpus import SEPARATOR
+from trainer.data.corpus import SEPARATOR
 
 BASE_ARGS = ("--model", "tiny", "--weights", "random", "--tokenizer", "tokenizer.model", "--data", "prepared",
              "--workdir", "run", "--seq-len", "32", "--batch-size", "4", "--steps", "2", "--eval-fraction", "0",
              "--no-samples")
 OPEN_END = " …"  # an expected error ending so is the start of the line; the rest quotes a library
-# Above trainer.prepare's limit of 64 Mi characters without a separator.
+# Above trainer.data.prepare's limit of 64 Mi characters without a separator.
 HUGE_DOCUMENT = 65 << 20
 STORY = "Once upon a time there was a little cat. She liked to play in the sun."
 CHAT = json.dumps({"messages": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"}]})
@@ -40,7 +40,7 @@ SECTIONS = {
     FLAGS: "`python -m trainer` with a bad flag or a contradictory combination.",
     CONFIG_FILE: "A YAML file given with `--config run.yaml`: its keys are the flag names with underscores.",
     DATA: "A raw text file (documents separated by `<|endoftext|>`), a JSONL or Parquet file of text, chat or "
-          "prompt/response rows, or a `python -m trainer.prepare` directory.",
+          "prompt/response rows, or a `python -m trainer.data.prepare` directory.",
     MODEL_FILES: "Files the run reads or writes besides the data.",
 }
 
@@ -114,7 +114,7 @@ CASES = (
     BadRun(section=FLAGS, case="official weights of the tiny model", args=("--weights", "official"),
            error="--model tiny has no official weights: use --weights random or a checkpoint path"),
     BadRun(section=FLAGS, case="no --data", base=False, args=("--model", "gemma3-1b"),
-           error="--data is required: a raw text, JSONL or Parquet file or a python -m trainer.prepare directory "
+           error="--data is required: a raw text, JSONL or Parquet file or a python -m trainer.data.prepare directory "
            "(or use --preset tiny or tiny-chat)"),
     BadRun(section=FLAGS, case="unknown data format", args=("--data-format", "csv"),
            error="argument --data-format: invalid choice: 'csv' (choose from 'auto', 'text', 'jsonl-text', 'jsonl-chat', "
@@ -163,7 +163,7 @@ CASES = (
     # Data files
     BadRun(section=DATA, case="missing", args=("--data", "stories.txt"),
            error="--data stories.txt: not found; pass a text, JSONL or Parquet file or a directory made by "
-           "`python -m trainer.prepare`"),
+           "`python -m trainer.data.prepare`"),
     BadRun(section=DATA, case="empty", args=("--data", "stories.txt"), files={"stories.txt": b""}, described="(0 bytes)",
            error=f"data file stories.txt: no text in it; pass a file of documents separated by {SEPARATOR!r}"),
     BadRun(section=DATA, case="only blank lines", args=("--data", "stories.txt"), files={"stories.txt": b"\n  \n\n"},
@@ -232,7 +232,7 @@ CASES = (
     BadRun(section=DATA, case="a directory that is not prepared data", args=("--data", "notes"),
            files={"notes/todo.txt": b"buy milk"}, described="(a folder of other files)",
            error="notes: not a complete prepared dataset (no readable meta.json); prepare it with "
-           "`python -m trainer.prepare` or remove it"),
+           "`python -m trainer.data.prepare` or remove it"),
     BadRun(section=DATA, case="prepared with another tokenizer", args=("--tokenizer", "other.model"),
            provided={"other.model": "a tokenizer of 400 pieces"},
            error="--data prepared: prepared with tokenizer" + OPEN_END),

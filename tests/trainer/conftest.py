@@ -21,8 +21,8 @@ def trainer_inputs_dir(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def corpus_path(trainer_inputs_dir) -> pathlib.Path:
-    """A raw text corpus: stories separated by `trainer.corpus.SEPARATOR`."""
-    from trainer.corpus import write_corpus
+    """A raw text corpus: stories separated by `trainer.data.corpus.SEPARATOR`."""
+    from trainer.data.corpus import write_corpus
 
     return write_corpus(trainer_inputs_dir / "corpus.txt", num_stories=NUM_STORIES, seed=0)
 
@@ -30,15 +30,15 @@ def corpus_path(trainer_inputs_dir) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def tokenizer_path(trainer_inputs_dir, corpus_path) -> pathlib.Path:
     """A SentencePiece model trained on the corpus (PAD 0, EOS 1, BOS 2, UNK 3)."""
-    from trainer.tokenizer import train_tokenizer
+    from trainer.data.tokenizer import train_tokenizer
 
     return train_tokenizer(corpus_path, trainer_inputs_dir / "tokenizer.model", vocab_size=VOCAB_SIZE, seed=0)
 
 
 @pytest.fixture(scope="session")
 def prepared_dir(trainer_inputs_dir, corpus_path, tokenizer_path) -> pathlib.Path:
-    """The corpus tokenized into sharded ArrayRecord files plus meta.json (`trainer.prepare`)."""
-    from trainer.prepare import prepare
+    """The corpus tokenized into sharded ArrayRecord files plus meta.json (`trainer.data.prepare`)."""
+    from trainer.data.prepare import prepare
 
     output_dir = trainer_inputs_dir / "prepared"
     prepare(corpus_path, tokenizer_path, output_dir)
@@ -47,20 +47,20 @@ def prepared_dir(trainer_inputs_dir, corpus_path, tokenizer_path) -> pathlib.Pat
 
 @pytest.fixture(scope="session")
 def tokenized_data(prepared_dir, tokenizer_path, trainer_inputs_dir):
-    """`trainer.data.TokenizedData` opened from the prepared directory."""
-    from trainer.data import open_data
+    """`trainer.data.loader.TokenizedData` opened from the prepared directory."""
+    from trainer.data.loader import open_data
 
     return open_data(str(prepared_dir), tokenizer_path=str(tokenizer_path), cache_dir=str(trainer_inputs_dir / "cache"))
 
 
-# Conversations of the generated chat corpus (trainer.chat_corpus): ~35 tokens each.
+# Conversations of the generated chat corpus (trainer.data.chat_corpus): ~35 tokens each.
 NUM_CONVERSATIONS = 300
 
 
 @pytest.fixture(scope="session")
 def chat_corpus_path(trainer_inputs_dir) -> pathlib.Path:
     """JSONL chat rows ({"messages": [...]}, a system message in some)."""
-    from trainer.chat_corpus import write_chat_corpus
+    from trainer.data.chat_corpus import write_chat_corpus
 
     return write_chat_corpus(trainer_inputs_dir / "chat.jsonl", num_conversations=NUM_CONVERSATIONS, seed=0)
 
@@ -68,7 +68,7 @@ def chat_corpus_path(trainer_inputs_dir) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def chat_tokenizer_path(trainer_inputs_dir, chat_corpus_path) -> pathlib.Path:
     """A SentencePiece model trained for chat: <start_of_turn> and <end_of_turn> are single pieces."""
-    from trainer.tokenizer import train_tokenizer
+    from trainer.data.tokenizer import train_tokenizer
 
     return train_tokenizer(chat_corpus_path, trainer_inputs_dir / "chat_tokenizer.model", vocab_size=VOCAB_SIZE, seed=0)
 
@@ -76,7 +76,7 @@ def chat_tokenizer_path(trainer_inputs_dir, chat_corpus_path) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def chat_prepared_dir(trainer_inputs_dir, chat_corpus_path, chat_tokenizer_path) -> pathlib.Path:
     """The chat corpus prepared with loss on completions (records carry their loss mask)."""
-    from trainer.prepare import prepare
+    from trainer.data.prepare import prepare
 
     output_dir = trainer_inputs_dir / "chat_prepared"
     prepare(chat_corpus_path, chat_tokenizer_path, output_dir)
@@ -85,7 +85,7 @@ def chat_prepared_dir(trainer_inputs_dir, chat_corpus_path, chat_tokenizer_path)
 
 @pytest.fixture(scope="session")
 def chat_data(chat_prepared_dir, chat_tokenizer_path, trainer_inputs_dir):
-    from trainer.data import open_data
+    from trainer.data.loader import open_data
 
     return open_data(str(chat_prepared_dir), tokenizer_path=str(chat_tokenizer_path),
                      cache_dir=str(trainer_inputs_dir / "cache"))

@@ -13,7 +13,7 @@ from tests.trainer.bad_inputs import CASES, OPEN_END, markdown_sections
 from trainer import contract
 from trainer.__main__ import main
 from trainer.metrics import METRICS_FILE
-from trainer.prepare import META_FILE
+from trainer.data.prepare import META_FILE
 
 REPO = pathlib.Path(__file__).parents[2]
 BY_NAME = {case.case: case for case in CASES}
@@ -24,7 +24,7 @@ def provided(tmp_path_factory, corpus_path, tokenizer_path, prepared_dir) -> dic
     """What some cases link into their folder, built once (see BadRun.provided)."""
     from sentencepiece import sentencepiece_model_pb2
 
-    from trainer.tokenizer import train_tokenizer
+    from trainer.data.tokenizer import train_tokenizer
 
     folder = tmp_path_factory.mktemp("bad_inputs_provided")
     huge = sentencepiece_model_pb2.ModelProto.FromString(pathlib.Path(tokenizer_path).read_bytes())
@@ -55,7 +55,7 @@ def _case_folder(case, folder: pathlib.Path, provided, tokenizer_path, prepared_
 
 def _valid_looking(run: pathlib.Path) -> list[str]:
     """What a later run or a user would take for results: checkpoints, an export, metrics records, a
-    loss plot, a data cache without its meta.json (trainer.prepare renames a cache into place when complete)."""
+    loss plot, a data cache without its meta.json (trainer.data.prepare renames a cache into place when complete)."""
     found = [str(path.relative_to(run)) for pattern in ("checkpoints/*", "export", "loss.png") for path in run.glob(pattern)]
     metrics = run / METRICS_FILE
     if metrics.exists() and metrics.read_text().strip():

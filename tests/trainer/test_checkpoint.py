@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trainer import checkpoint
-from trainer import data as data_lib
+from trainer.data import loader as data_lib
 from trainer.errors import UserError
 
 STEPS = 4

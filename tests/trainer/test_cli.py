@@ -9,7 +9,7 @@ import pytest
 from trainer import contract
 from trainer.__main__ import main
 from trainer.config import PRESET_VALUES, TrainConfig, build_parser, parse_config
-from trainer.tokenizer import train_tokenizer
+from trainer.data.tokenizer import train_tokenizer
 
 
 def _fails(capsys, argv, message):

@@ -25,7 +25,7 @@ from gemma import gm
 from tests.trainer.test_train import tiny_args
 from trainer import checkpoint, contract, models
 from trainer.metrics import read_metrics
-from trainer.tokenizer import load_tokenizer
+from trainer.data.tokenizer import load_tokenizer
 from workloads.__main__ import render_config, render_specs
 
 REPO = pathlib.Path(__file__).parents[2]

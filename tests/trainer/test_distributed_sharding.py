@@ -1,6 +1,6 @@
 """The FSDP rules on the real Gemma 3 shapes, built abstractly (jax.eval_shape, an AbstractMesh of one
 v6e 2x4 slice): every large matrix is split over the slice, and what a chip then holds is what
-`trainer.memory` estimates, so the README's memory table describes the sharding the trainer applies."""
+`trainer.measure.memory` estimates, so the README's memory table describes the sharding the trainer applies."""
 
 import math
 
@@ -9,7 +9,9 @@ import pytest
 from gemma import peft
 from jax.sharding import AbstractMesh
 
-from trainer import hardware, memory, mesh, models, step
+from trainer.measure import hardware, memory
+
+from trainer import mesh, models, step
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 

@@ -13,12 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import contract, data as data_lib, loop, loss, models, sampling
+from trainer import contract, loop, loss, models, sampling
+
+from trainer.data import loader as data_lib
 from trainer.config import parse_config
-from trainer.export import main as export_main
+from trainer.hf.export import main as export_main
 from trainer.generate import main as generate
 from trainer.metrics import read_metrics
-from trainer.tokenizer import load_tokenizer
+from trainer.data.tokenizer import load_tokenizer
 
 SEQ_LEN, BATCH, EVAL_FRACTION = 64, 8, 0.1
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -137,7 +139,7 @@ def test_a_run_with_neither_checkpoint_nor_export_is_one_line(tmp_path, chat_run
 
 def test_the_export_answers_through_transformers_as_generate_does(chat_run, tmp_path, capsys):
     """What `make chat-demo` ends with: the run's Hugging Face export, loaded by transformers
-    (trainer.hf_sample in the HF environment), gives the JAX model's greedy answers."""
+    (trainer.hf.sample in the HF environment), gives the JAX model's greedy answers."""
     hf_python = pathlib.Path(os.environ.get("HF_PYTHON") or REPO / ".venv-hf" / "bin" / "python")
     if not hf_python.exists():
         pytest.skip(f"no Hugging Face environment at {hf_python}: run `make .venv-hf/.installed` (or set HF_PYTHON)")
@@ -150,7 +152,7 @@ def test_the_export_answers_through_transformers_as_generate_does(chat_run, tmp_
     assert export_main(["--run", str(chat_run), "--format", "hf", "--out", str(tmp_path / "hf"), "--dtype", "float32"]) in (None, 0)
     capsys.readouterr()
     result = subprocess.run(
-        [str(hf_python), "-m", "trainer.hf_sample", "--model", str(tmp_path / "hf"), "--max-new-tokens", "16",
+        [str(hf_python), "-m", "trainer.hf.sample", "--model", str(tmp_path / "hf"), "--max-new-tokens", "16",
          *(arg for prompt in prompts for arg in ("--prompt", prompt))],
         cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip

@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import data, loss, models
+from trainer.data import loader as data
+
+from trainer import loss, models
 from trainer.errors import UserError
 
 SEQ_LEN = 64

@@ -1,6 +1,7 @@
 """Whole runs of the real trainer on the tiny model: the loss falls, outputs land in the workdir, LoRA
 trains only adapters."""
 
+import dataclasses
 import json
 
 import jax
@@ -12,9 +13,10 @@ from infra import telemetry
 from infra.config import parse_stack_config
 from infra.stack_files import offline_values
 from tests.infra import monitoring_filters
-from trainer import data, contract, loop, models
+from trainer.data import loader as data
+from trainer import contract, loop, models, step
 from trainer.config import parse_config
-from trainer.corpus import write_corpus
+from trainer.data.corpus import write_corpus
 from trainer.metrics import read_metrics
 
 # Small rows and batches: a step takes well under a second on one CPU core.
@@ -26,13 +28,30 @@ def tiny_args(workdir, prepared_dir, tokenizer_path, *extra):
             "--workdir", str(workdir), *FAST, *extra]
 
 
+FULL_RUN = ("--steps", "30", "--lr", "3e-3", "--warmup-steps", "5", "--log-interval", "5", "--eval-interval", "15",
+            "--checkpoint-interval", "15", "--keep-checkpoints", "1")
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, prepared_dir, tokenizer_path):
     workdir = tmp_path_factory.mktemp("full_run")
-    args = tiny_args(workdir, prepared_dir, tokenizer_path, "--steps", "30", "--lr", "3e-3", "--warmup-steps", "5",
-                     "--log-interval", "5", "--eval-interval", "15", "--checkpoint-interval", "15", "--keep-checkpoints", "1")
-    loop.train(parse_config(args))
+    loop.train(parse_config(tiny_args(workdir, prepared_dir, tokenizer_path, *FULL_RUN)))
     return workdir
+
+
+def test_fit_compiles_the_step_the_run_ran(full_run, prepared_dir, tokenizer_path):
+    """`python -m workloads fit` lowers the step through trainer.measure.compiled from the run's options
+    alone; the run records the digest of the program it trained with. Equal digests: the same program,
+    arguments, shapes and shardings. Another batch is another program."""
+    from trainer.measure import compiled
+
+    recorded = json.loads((full_run / "config.json").read_text())
+    config = parse_config(tiny_args(full_run, prepared_dir, tokenizer_path, *FULL_RUN))
+    model_config = models.model_config("tiny", vocab_size=512)
+    lower = lambda config: compiled.lower_train_step(config, model_config, jax.devices(), num_slices=1,  # noqa: E731
+                                                     total_steps=recorded["total_steps"])[1]
+    assert step.step_fingerprint(lower(config)) == recorded["step_fingerprint"]
+    assert step.step_fingerprint(lower(dataclasses.replace(config, batch_size=16))) != recorded["step_fingerprint"]
 
 
 def test_loss_falls_on_the_tiny_setup(full_run):

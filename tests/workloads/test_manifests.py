@@ -6,7 +6,8 @@ import pytest
 from infra import tpu
 from tests.workloads import failure_events
 from tests.workloads.conftest import REPO, IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
-from trainer import contract, prepare
+from trainer import contract
+from trainer.data import prepare
 from trainer.config import parse_config
 from workloads import manifests
 from trainer.contract import PREPARED_MARKER_FILE
@@ -119,9 +120,9 @@ def test_max_restarts_comes_from_the_stack_config():
 
 
 def preparation_args(prep):
-    """The preparation container's command line as `python -m trainer.prepare` parses it."""
+    """The preparation container's command line as `python -m trainer.data.prepare` parses it."""
     prepare_container = container(prep["spec"]["template"], manifests.PREPARE_CONTAINER)
-    assert prepare_container["command"] == ["python", "-m", "trainer.prepare"]
+    assert prepare_container["command"] == ["python", "-m", "trainer.data.prepare"]
     assert "env" not in prepare_container  # everything it is told is in its arguments
     return prepare.parse_args(prepare_container["args"])
 
@@ -133,7 +134,7 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
     output = preparation_args(prep).output
     pod = training_pod(manifests.training(spec))
     (init,) = pod["spec"]["initContainers"]
-    assert PREPARED_MARKER_FILE == prepare.META_FILE  # the file trainer.prepare renames into place
+    assert PREPARED_MARKER_FILE == prepare.META_FILE  # the file trainer.data.prepare renames into place
     assert f"{output}/{prepare.META_FILE}" in init["command"][-1]  # the init container polls exactly that file
     trainer_args = container(pod, "trainer")["args"]
     assert trainer_args[trainer_args.index("--data") + 1] == output

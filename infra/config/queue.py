@@ -1,0 +1,43 @@
+"""gemma-tpu:queue: Kueue in front of the TPUs, and the quota every run must fit in."""
+
+from dataclasses import dataclass
+
+from infra.config.runs import RunConfig
+from infra.config.sections import PROJECT, Section
+from infra.config.slices import capacity_chips
+from infra.errors import ConfigError
+from infra.tpu import SliceSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueConfig:
+    """Kueue in front of the TPUs: runs wait in a queue whose TPU quota is the pools' capacity."""
+
+    enabled: bool
+    tpu_quota: int  # google.com/tpu chips the queue admits at once; the pools' capacity by default
+
+
+def read_queue(section: Section) -> tuple[bool, int | None]:
+    """enabled and tpuQuota (None: unset). The quota's default, the pools' capacity, is known only
+    once the TPU keys are checked, after every key is read."""
+    return section.flag("enabled", False), section.integer("tpuQuota", None, minimum=1)
+
+
+def check_queue(section: Section, queue: QueueConfig, runs: tuple[RunConfig, ...], slice_spec: SliceSpec, capacity: int) -> None:
+    if len(runs) > 1 and not queue.enabled:
+        raise ConfigError(
+            f"{PROJECT}:runs holds {len(runs)} runs on one set of TPU pools; set {section.key('enabled')} true so that "
+            "Kueue admits them in turn (each whole or not at all)"
+        )
+    if queue.tpu_quota > capacity:
+        raise ConfigError(
+            f"{section.key('tpuQuota')} is {queue.tpu_quota} chips, over the {capacity} chips the stack's TPU pools hold; "
+            f"set at most {capacity} (or leave it unset: the pools' capacity)"
+        )
+    for run in runs:
+        needs = capacity_chips(slice_spec, run.slices)
+        if needs > queue.tpu_quota:
+            raise ConfigError(
+                f"{section.key('tpuQuota')} is {queue.tpu_quota} chips, but run {run.name!r} needs {needs} "
+                f"({run.slices} x {slice_spec.topology}) and would never be admitted; raise the quota or give the run fewer slices"
+            )

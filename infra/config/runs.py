@@ -1,0 +1,102 @@
+"""gemma-tpu:runs: the runs that share the stack's TPU pools, each the gemma-tpu:training settings
+with its own name, priority and slices over them; and the checks every run passes, the one run of a
+stack without the list included."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from infra import names
+from infra.config.sections import DNS_LABEL, PROJECT, Section, check_dns_label
+from infra.config.slices import TpuConfig
+from infra.config.training import PreparationConfig, TrainingConfig, parse_preparation, parse_training
+from infra.errors import ConfigError
+from infra.tpu import SliceSpec
+
+# Run priorities (gemma-tpu:runs[].priority): each is a Kueue WorkloadPriorityClass of this value.
+# A higher one is admitted first and may preempt a lower one (which resumes from its checkpoint).
+PRIORITIES = {"high": 1000, "normal": 100, "low": 10}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One training run on the stack's TPUs: its settings, its priority in the queue and how many
+    of the stack's slices it takes."""
+
+    training: TrainingConfig
+    preparation: PreparationConfig
+    priority: str  # a key of PRIORITIES
+    slices: int  # at most the stack's gemma-tpu:tpu.slices
+
+    @property
+    def name(self) -> str:
+        return self.training.run_name
+
+
+def parse_runs(value: Any, training_section: Section, tpu_config: TpuConfig, slice_spec: SliceSpec) -> tuple[RunConfig, ...]:
+    """gemma-tpu:runs: a list of runs, each the gemma-tpu:training settings (already checked) with
+    its own keys over them."""
+    key = f"{PROJECT}:runs"
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{key} must be a list of runs, each a mapping with a name, got {value!r}")
+    shared = training_section.written()
+    if "runName" in shared:
+        raise ConfigError(
+            f"{training_section.key('runName')} names the single run of a stack without {key}; "
+            f"with {key}, give each run its name there (name: ...) and remove runName"
+        )
+    runs, seen = [], {}
+    for index, run_values in enumerate(value):
+        if not isinstance(run_values, Mapping):
+            raise ConfigError(f"{key}[{index}] must be a mapping of a run's keys (name, priority, training keys), got {run_values!r}")
+        section = Section(f"{key}[{index}]", {**shared, **run_values})
+        if not section.text("name", ""):
+            raise ConfigError(f"{section.key('name')} is required: give the run a name (a-z, 0-9, -)")
+        for name, stack_value in (("accelerator", tpu_config.accelerator), ("topology", tpu_config.topology)):
+            asked = section.text(name, stack_value)
+            if asked != stack_value:
+                raise ConfigError(
+                    f"{section.key(name)} is {asked!r}, but the stack's TPU pools are {tpu_config.accelerator} "
+                    f"{tpu_config.topology} ({PROJECT}:tpu); run it on a stack with such pools or remove the key"
+                )
+        run = RunConfig(
+            training=parse_training(section, name_key="name"),
+            preparation=parse_preparation(section),
+            priority=section.text("priority", "normal", tuple(PRIORITIES)),
+            slices=section.integer("slices", tpu_config.slices, minimum=1, maximum=tpu_config.slices),
+        )
+        section.reject_unknown()
+        if run.name in seen:
+            raise ConfigError(f"{section.key('name')} {run.name!r} is also {key}[{seen[run.name]}].name; give each run its own name")
+        seen[run.name] = index
+        check_run(section, run, tpu_config, slice_spec, name_key="name")
+        runs.append(run)
+    return tuple(runs)
+
+
+def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spec: SliceSpec, *, name_key: str) -> None:
+    run_tpu = replace(tpu_config, slices=run.slices)
+    _check_run_name(section.key(name_key), run.name, run_tpu, slice_spec)
+    hosts = slice_spec.hosts * run.slices
+    if run.training.batch_size % hosts:
+        raise ConfigError(
+            f"{section.key('batchSize')} is {run.training.batch_size}; it must be divisible by the "
+            f"{hosts} hosts of {run.slices} x {slice_spec.topology} slices (each host loads an equal share)"
+        )
+
+
+def _check_run_name(key: str, run_name: str, config: TpuConfig, slice_spec: SliceSpec) -> None:
+    """The Job / JobSet, pod and coordinator names derived from the run name must be DNS labels, or
+    Kubernetes or the JobSet webhook refuses the training object on `pulumi up`."""
+    shape = {"slices": config.slices, "hosts_per_slice": slice_spec.hosts}
+    limit = names.run_name_max(**shape)
+    if not DNS_LABEL.match(run_name):
+        check_dns_label(key, run_name, limit)
+    over = names.too_long(names.generated_names(run_name, **shape))
+    if over:
+        what, name = next(iter(over.items()))
+        slices = f"{config.slices} slice{'s' if config.slices > 1 else ''} of {config.accelerator} {config.topology}"
+        raise ConfigError(
+            f"{key} {run_name!r} is too long for {slices}: the {what} would be {name!r} (x: the run's hash), "
+            f"{len(name)} characters, and Kubernetes allows {names.DNS_LABEL_MAX}; use at most {limit} characters"
+        )

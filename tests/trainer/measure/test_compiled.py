@@ -1,0 +1,105 @@
+"""The trainer's step compiled for TPU slices on this CPU host (libtpu, no TPU): the figures are there
+and agree with the analytic count, a batch far too large is refused by the compiler, multislice
+compiles, and a topology the compiler does not know is one line."""
+
+import dataclasses
+
+import pytest
+
+from trainer import models
+from trainer.config import TrainConfig
+from trainer.errors import UserError
+from trainer.measure import compiled, flops
+
+pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
+
+VOCAB = 512
+TINY = TrainConfig(model="tiny", weights="random", batch_size=8, seq_len=256, steps=10)
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def model_config():
+    return models.model_config("tiny", vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def v6e_2x2():
+    return compiled.tpu_devices("v6e", "2x2")
+
+
+@pytest.fixture(scope="module")
+def tiny_step(model_config, v6e_2x2):
+    return compiled.compile_train_step(TINY, model_config, v6e_2x2)
+
+
+def test_the_tiny_step_compiles_for_v6e_with_its_figures(tiny_step, model_config, v6e_2x2):
+    assert tiny_step.device_kind == "TPU v6 lite" and tiny_step.chips == 4
+    # The state (float32 masters + AdamW's two moments, replicated: no FSDP) is an argument, donated.
+    state_bytes = 12 * flops.param_count(model_config)
+    assert state_bytes <= tiny_step.arguments < state_bytes + 2**20
+    assert tiny_step.aliased >= state_bytes * 0.99
+    assert 0 < tiny_step.bytes_per_chip < compiled.usable_hbm_bytes(v6e_2x2)
+    # The compiler's FLOPs against 6N + attention: the dense [L, L] attention also computes the masked
+    # (future) half, and softmax, norms and the optimizer add element-wise work; measured 1.27x.
+    analytic = flops.training_flops_per_token(model_config, TINY.seq_len) * TINY.batch_size * TINY.seq_len / 4
+    assert tiny_step.flops_loop_correction == 0  # 512 x 512 logits: no vocabulary loop
+    assert 1.0 <= tiny_step.flops_per_chip / analytic <= 1.6
+    assert tiny_step.bytes_accessed > tiny_step.arguments
+
+
+def test_on_tpu_no_tensor_is_l_by_l(tiny_step, model_config, v6e_2x2):
+    """Packed attention runs through the splash kernel: the optimized program holds no [.., L, L]
+    tensor. The dense path, still there for CPU, does (so the check can tell)."""
+    assert tiny_step.attention == "splash" and tiny_step.flops_kernels > 0
+    assert not tiny_step.dense_attention_mask
+    dense = compiled.compile_train_step(dataclasses.replace(TINY, attention="dense"), model_config, v6e_2x2)
+    assert dense.attention == "dense" and dense.dense_attention_mask and dense.flops_kernels == 0
+
+
+def test_the_vocabulary_loop_is_counted_once_per_iteration(tiny_step, model_config, v6e_2x2):
+    """Chunked into 4, the compiler sees one iteration of the loop; with the missing three added, the
+    step costs what the plain-logits step does plus the chunks' recomputed forward (2 FLOPs a
+    multiply-add of [tokens, vocab] x [vocab, embed], under jax.checkpoint)."""
+    chunked = compiled.compile_train_step(TINY, model_config, v6e_2x2, vocab_chunk=VOCAB // 4)
+    tokens_per_chip = TINY.batch_size * TINY.seq_len / 4
+    # The compiler's count of the missing three iterations: 8 FLOPs a multiply-add (forward, recompute, 2 gradients).
+    assert chunked.flops_loop_correction == pytest.approx(3 * 8 * tokens_per_chip * (VOCAB // 4) * model_config.embed_dim, rel=0.1)
+    assert chunked.bytes_loop_correction > 0
+    recompute = 2 * tokens_per_chip * VOCAB * model_config.embed_dim
+    assert chunked.flops_per_chip == pytest.approx(tiny_step.flops_per_chip + recompute, rel=0.05)
+
+
+def test_a_batch_far_too_large_does_not_fit_and_says_by_how_much(v6e_2x2):
+    """The compiler itself refuses the program (temporaries over the HBM it allows): rows of 65,536
+    tokens with the dense mask, whose [L, L] logits alone are 16 GiB a row and head."""
+    huge = dataclasses.replace(TINY, seq_len=65_536, attention="dense")
+    report = compiled.fit(huge, v6e_2x2, vocab_size=VOCAB, search_batch=False).report()
+    assert report["fits"] is False and report["headroom_gib"] < 0 and report["refused_for"] == "HLO temporaries"
+    assert report["compiled_bytes_per_chip"] > report["usable_hbm_bytes_per_chip"] == compiled.usable_hbm_bytes(v6e_2x2)
+    assert 31 * GIB < report["usable_hbm_bytes_per_chip"] < 32 * GIB  # v6e: 32 GiB, of which the compiler lets 31.24 be used
+
+
+def test_multislice_compiles_for_every_slice(model_config):
+    devices = compiled.tpu_devices("v6e", "2x2", num_slices=2)
+    assert len(devices) == 8 and {device.slice_index for device in devices} == {0, 1}
+    two_slices = compiled.compile_train_step(dataclasses.replace(TINY, mesh={"data": -1, "fsdp": 4}), model_config, devices,
+                                             num_slices=2)
+    assert two_slices.chips == 8
+    # FSDP over each slice's 4 chips: each chip holds about a quarter of the state.
+    assert two_slices.arguments < 12 * flops.param_count(model_config) / 2
+
+
+@pytest.mark.parametrize("accelerator, topology, message", [
+    ("v6e", "3x3", "topology v6e 3x3 x 1 slice(s): the TPU compiler refuses it"),
+    ("v4", "2x2x1", "accelerator 'v4': the TPU compiler knows v5e, v5p, v6e"),
+])
+def test_a_topology_the_compiler_does_not_know_is_one_line(accelerator, topology, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")) as error:
+        compiled.tpu_devices(accelerator, topology)
+    assert "\n" not in str(error.value)
+
+
+def test_a_batch_the_chips_do_not_divide_is_one_line(model_config, v6e_2x2):
+    with pytest.raises(UserError, match="^--batch-size 6 must be a multiple of the 4 devices$"):
+        compiled.compile_train_step(dataclasses.replace(TINY, batch_size=6), model_config, v6e_2x2)

@@ -1,0 +1,81 @@
+"""`python -m workloads fit`: each run is compiled with the trainer options its Job or JobSet carries,
+for its own slice shape and number of slices; a run that does not fit is one line that says by how
+much and what to change, and the command exits 2. (The compile itself: tests/trainer/measure.)"""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.workloads.conftest import IMAGE, REPO, stack_config
+from trainer.contract import USER_ERROR
+from trainer.measure import compiled
+from workloads import fit
+
+pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
+
+
+class _Compiles:
+    """Stands in for trainer.measure.compiled.fit, recording what each run would be compiled with
+    (the compile of a real model takes minutes; the tiny model's is tested in tests/trainer/measure)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, config, devices, *, num_slices, search_batch):
+        self.calls.append((config, devices, num_slices))
+        return _Report({"fits": True})
+
+
+class _Report:
+    def __init__(self, report):
+        self._report = report
+
+    def report(self):
+        return dict(self._report)
+
+
+@pytest.mark.parametrize("stack, chips, slices", [("dev", 1, 1), ("multihost", 8, 1), ("multislice", 16, 2)])
+def test_each_run_is_compiled_with_its_jobs_options_for_its_slices(monkeypatch, stack, chips, slices):
+    compiles = _Compiles()
+    monkeypatch.setattr(compiled, "fit", compiles)
+    config = stack_config(stack)
+    fits = fit.fit_runs(config, image=IMAGE)
+    assert [f.run for f in fits] == [run.name for run in config.runs]
+    for (train_config, devices, num_slices), run in zip(compiles.calls, config.runs):
+        training = run.training
+        assert (train_config.model, train_config.seq_len, train_config.batch_size, train_config.lora_rank) == (
+            training.model, training.seq_len, training.batch_size, training.lora_rank)
+        assert train_config.mesh == {"data": -1, "fsdp": config.slice.chips}  # FSDP inside a slice, as the Job says
+        assert len(devices) == chips and num_slices == slices and devices[0].device_kind == "TPU v6 lite"
+
+
+def test_the_queued_stack_compiles_each_of_its_runs_with_its_own_settings(monkeypatch):
+    compiles = _Compiles()
+    monkeypatch.setattr(compiled, "fit", compiles)
+    config = stack_config("queued")
+    fit.fit_runs(config, image=IMAGE)
+    assert [c.lora_rank for c, _, _ in compiles.calls] == [run.training.lora_rank for run in config.runs]
+    assert [len(devices) for _, devices, _ in compiles.calls] == [8 * run.slices for run in config.runs]
+    compiles.calls.clear()
+    only = config.runs[-1].name
+    assert [f.run for f in fit.fit_runs(config, image=IMAGE, run_name=only)] == [only]
+
+
+def test_an_unknown_run_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, "-m", "workloads", "fit", "--stack", "queued", "--run", "nope"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == USER_ERROR
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --run nope: the stack has no such run (its runs: ")
+
+
+def test_a_run_that_does_not_fit_gets_by_how_much_and_what_to_change():
+    report = {"run": "sweep", "accelerator": "v6e", "topology": "2x4", "slices": 1, "lora_rank": 0, "fits": False,
+              "compiled_bytes_per_chip": 40 * 2**30, "usable_hbm_bytes_per_chip": int(31.24 * 2**30), "largest_batch": 48}
+    line = fit.advice(report)
+    assert "\n" not in line
+    assert line.startswith("run sweep: does not fit v6e 2x4 x 1: the step needs 40.0 GiB per chip, the compiler allows "
+                           "31.24 GiB (8.8 GiB over)")
+    assert "batchSize 48 or less" in line and "loraRank" in line and "larger topology" in line
+    assert "batchSize" not in fit.advice({**report, "largest_batch": 0})
+    assert "loraRank" not in fit.advice({**report, "lora_rank": 8})

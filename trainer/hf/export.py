@@ -1,0 +1,287 @@
+"""`python -m trainer.hf.export --run WORKDIR --format hf --out DIR`: a run's model as a Hugging Face
+directory that transformers, vLLM and other serving stacks load (Gemma3ForCausalLM, safetensors).
+
+The weights are the run's newest: its latest checkpoint, else WORKDIR/export (what the run wrote at
+its end). A LoRA run exports the merged model (`--lora-export merged`), the PEFT adapter alone
+(`adapter`), or the frozen base it was trained on (`base`, for the adapter to sit on when the base is
+not a published Gemma 3). The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
+
+Weights are bfloat16 by default (as Google publishes Gemma 3 and the trainer computes on TPU);
+`--dtype float32` keeps the float32 masters exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import sys
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+from gemma import gm, peft
+from jax.experimental import multihost_utils
+from safetensors.numpy import save_file
+
+from trainer import checkpoint, mesh, models, shared_files
+
+from trainer.hf import config as hf_config, tokenizer as hf_tokenizer, weights as hf_weights
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.config import GEMMA3_MODELS, TrainConfig
+from trainer.errors import UserError, entry_point
+
+FORMATS = ("hf",)
+LORA_EXPORTS = ("merged", "adapter", "base")
+DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+# transformers' default shard size ("5GB"): one file below it, shards and an index above.
+MAX_SHARD_BYTES = 5 * 10**9
+# The Hugging Face ids of the published pre-trained models, for an adapter's base_model_name_or_path.
+HF_BASE_MODELS = {name: f"google/gemma-3-{name.removeprefix('gemma3-')}-pt" for name in GEMMA3_MODELS}
+
+
+def host_array(x) -> np.ndarray:
+    """The whole of a (possibly sharded, multi-host) array on this host; every process must call it."""
+    if jax.process_count() > 1:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def _shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
+    """Tensor names in order, cut into files of at most `max_bytes` (a larger tensor alone in one)."""
+    shards, current, used = [], [], 0
+    for name, size in sizes.items():
+        if current and used + size > max_bytes:
+            shards.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += size
+    return [*shards, current]
+
+
+def write_safetensors(directory: pathlib.Path, params, tensors: list[hf_weights.Tensor], *, dtype, stem: str,
+                      max_shard_bytes: int = MAX_SHARD_BYTES, write: bool = True) -> None:
+    """`stem`.safetensors, or `stem`-0000k-of-0000n.safetensors with `stem`.safetensors.index.json past
+    `max_shard_bytes`. Tensors are gathered one shard at a time (every process takes part; only
+    `write` ones write), so a host holds one shard, not the model."""
+    by_name = {tensor.name: tensor for tensor in tensors}
+    itemsize = np.dtype(dtype).itemsize
+    sizes = {t.name: t.size(hf_weights.lookup(params, t.source).shape) * itemsize for t in tensors}
+    shards = _shards(sizes, max_shard_bytes)
+    files = [f"{stem}.safetensors"] if len(shards) == 1 else [
+        f"{stem}-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)
+    ]
+    for file, names in zip(files, shards):
+        arrays = {}
+        for name in names:
+            tensor = by_name[name]
+            source = hf_weights.lookup(params, tensor.source)
+            arrays[name] = np.ascontiguousarray(tensor.of(host_array(source.astype(jnp.dtype(dtype)))))
+        if write:
+            save_file(arrays, directory / file, metadata={"format": "pt"})
+            os.chmod(directory / file, 0o644)  # safetensors writes 0600; a server may run as another user
+    if write and len(shards) > 1:
+        index = {"metadata": {"total_size": sum(sizes.values())},
+                 "weight_map": {name: file for file, names in zip(files, shards) for name in names}}
+        _write_json(directory / f"{stem}.safetensors.index.json", index)
+
+
+def _write_json(path: pathlib.Path, value) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+
+
+def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dtype: str,
+                max_shard_bytes: int = MAX_SHARD_BYTES, write: bool = True) -> None:
+    """A Gemma3ForCausalLM directory of a plain (LoRA-free) gm tree, into the existing `directory`."""
+    config = hf_config.model_config_json(model_config, dtype=dtype, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                                         pad_id=tokenizer.pad_id)
+    write_safetensors(directory, params, hf_weights.model_tensors(model_config), dtype=DTYPES[dtype], stem="model",
+                      max_shard_bytes=max_shard_bytes, write=write)
+    if write:
+        _write_json(directory / "config.json", config)
+        _write_json(directory / "generation_config.json", hf_tokenizer.generation_config_json(tokenizer))
+        hf_tokenizer.write_tokenizer_files(tokenizer, directory, _read_bytes(tokenizer.path))
+
+
+def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str) -> None:
+    """A PEFT LoRA adapter directory of gm adapters (gemma.peft.split_params), into the existing `directory`."""
+    write_safetensors(directory, adapters, hf_weights.lora_tensors(model_config.num_layers), dtype=DTYPES[dtype],
+                      stem="adapter_model", max_shard_bytes=sys.maxsize)
+    _write_json(directory / "adapter_config.json", {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": rank,  # PEFT scales by lora_alpha / r; gm's LoRA does not scale
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": [*hf_weights.ATTENTION_MODULES, *hf_weights.MLP_MODULES],
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "inference_mode": True,
+    })
+
+
+def _read_bytes(path: str) -> bytes:
+    from etils import epath
+
+    return epath.Path(path).read_bytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a run's WORKDIR/config.json says about its model."""
+
+    workdir: pathlib.Path
+    config: TrainConfig
+    model_config: object  # gm TransformerConfig
+    tokenizer: tokenizer_lib.Tokenizer
+
+
+def read_run(workdir: str, *, tokenizer: str | None = None) -> Run:
+    config_file = pathlib.Path(workdir) / "config.json"
+    try:
+        recorded = json.loads(config_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"--run {workdir}: no config.json there; pass the --workdir of a trainer run") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"--run {workdir}: {config_file} is not JSON ({error}); pass the --workdir of a trainer run") from None
+    known = {field.name for field in dataclasses.fields(TrainConfig)}
+    config = TrainConfig(**{key: value for key, value in recorded.items() if key in known})
+    tokenizer_path = tokenizer or config.tokenizer
+    if not tokenizer and not epath_exists(tokenizer_path):
+        raise UserError(f"--run {workdir}: the run's tokenizer {tokenizer_path} (in {config_file}) is not there; "
+                        "pass --tokenizer PATH to the same SentencePiece model")
+    loaded = tokenizer_lib.load_tokenizer(tokenizer_path)
+    return Run(pathlib.Path(workdir), config, models.model_config(config.model, vocab_size=loaded.vocab_size), loaded)
+
+
+def epath_exists(path: str) -> bool:
+    from etils import epath
+
+    return epath.Path(path).exists()
+
+
+def _on_one_device(tree):
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda _: device, tree)
+
+
+def _latest_checkpoint_params(directory: str, abstract) -> tuple[int, dict] | None:
+    """(step, trained params) of the newest checkpoint under `directory`, or None without one."""
+    path = checkpoint.absolute_path(directory)
+    if not path.exists():
+        return None
+    manager = ocp.CheckpointManager(path, item_names=("state", "data"), options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        step = manager.latest_step()
+        if step is None:
+            return None
+        target = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=_on_one_device(s)), abstract)}
+        restore = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+        )
+        try:
+            restored = manager.restore(step, args=ocp.args.Composite(state=restore))
+        except (ValueError, KeyError, OSError) as error:
+            raise UserError(f"--run: checkpoint step {step} in {directory} does not read ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:200]}); move it aside to export an older one") from None
+        return step, restored["state"]["params"]
+    finally:
+        manager.close()
+
+
+def run_weights(run: Run) -> tuple[dict, dict | None, str]:
+    """(trained, frozen, where from): as in trainer.step, frozen is None for a full fine-tune, else the
+    LoRA base, and trained the adapters. The latest checkpoint first, else WORKDIR/export."""
+
+    trained, frozen = models.initial_params(run.config, run.model_config, _on_one_device, resuming=True)
+    found = _latest_checkpoint_params(run.config.resolved_checkpoint_dir, jax.eval_shape(lambda: trained))
+    if found:
+        step, trained = found
+        return trained, frozen, f"the checkpoint of step {step} in {run.config.resolved_checkpoint_dir}"
+    export_dir = run.workdir / "export" / ("lora" if frozen is not None else "params")
+    if not export_dir.exists():
+        raise UserError(f"--run {run.workdir}: no checkpoint in {run.config.resolved_checkpoint_dir} and no {export_dir}; "
+                        "train first, or point --run at the run's workdir")
+    expected = jax.eval_shape(lambda: trained)
+    return models.load_weights(str(export_dir), flag="--run", expected=expected, out_shardings=None), frozen, str(export_dir)
+
+
+def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> str:
+    """Writes `out` (which must not exist, or be empty); returns where the weights came from."""
+    _require_free(out)
+    trained, frozen, source = run_weights(run)
+    with shared_files.replaced_atomically(out) as temporary:
+        temporary.mkdir()
+        if frozen is not None and lora_export == "adapter":
+            base = HF_BASE_MODELS[run.config.model] if run.config.weights == "official" else (
+                f"the export of this run's base (--lora-export base): it trained on --weights {run.config.weights}")
+            write_adapter(temporary, run.model_config, trained, rank=run.config.lora_rank, base_model=base, dtype=dtype)
+        else:
+            params = trained if frozen is None else frozen if lora_export == "base" else models.merge_lora_into_base(
+                models.join_lora(frozen, trained))
+            write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype)
+        if out.exists():
+            out.rmdir()  # empty (checked above): os.replace needs the name free on every filesystem
+    return source
+
+
+def write_final_export(directory: pathlib.Path, workdir: pathlib.Path, params, *, dtype: str = "bfloat16") -> None:
+    """WORKDIR/export/hf at the end of a run: the plain tree `params` (LoRA merged in), replacing an
+    earlier export. Every process gathers, process 0 writes under a temporary name and renames it."""
+    run = read_run(str(workdir))
+    is_main = jax.process_index() == 0
+    temporary = shared_files.temporary_sibling(directory)
+    try:
+        if is_main:
+            temporary.mkdir(parents=True)
+        write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype, write=is_main)
+        if is_main:
+            if directory.exists():  # the run's own earlier export, e.g. before it was resumed for more steps
+                earlier = shared_files.temporary_sibling(directory)
+                os.replace(directory, earlier)
+                shutil.rmtree(earlier)
+            os.replace(temporary, directory)
+    finally:
+        if is_main and temporary.exists():
+            shutil.rmtree(temporary)
+
+
+def _require_free(out: pathlib.Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out}: exists and is not empty; choose a new directory (nothing there is replaced)")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer.hf.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, help="the run's --workdir (with its config.json)")
+    parser.add_argument("--format", choices=FORMATS, default="hf", help="hf: a Hugging Face model directory (default)")
+    parser.add_argument("--out", required=True, help="the directory to write (new, or empty)")
+    parser.add_argument("--lora-export", choices=LORA_EXPORTS, default="merged",
+                        help="a LoRA run: merged (the adapted model), adapter (PEFT adapter alone), base (the frozen base)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="the weights' dtype (default bfloat16)")
+    parser.add_argument("--tokenizer", help="the run's SentencePiece model, where config.json's path does not reach it")
+    return parser.parse_args(argv)
+
+
+@entry_point("trainer.hf.export: ")
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    mesh.require_requested_platform()
+    _require_free(pathlib.Path(args.out))
+    run = read_run(args.run, tokenizer=args.tokenizer)
+    if args.lora_export != "merged" and not run.config.lora_rank:
+        raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
+    source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
+    print(f"trainer.hf.export: wrote {args.out} from {source}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

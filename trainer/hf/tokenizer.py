@@ -1,0 +1,77 @@
+"""The tokenizer files of a Hugging Face export: the run's SentencePiece model, the files that
+`transformers.AutoTokenizer` reads beside it, and generation_config.json (which ids stop generation).
+
+The chat template is Gemma's turn format (REFERENCE 8, trainer.data.chat): it is written only when the
+tokenizer has the turn markers as pieces of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from trainer.hf.tokenizer_json import tokenizer_json
+
+START_OF_TURN, END_OF_TURN = "<start_of_turn>", "<end_of_turn>"
+
+# Gemma's turns; "assistant" is "model"; no system role: a system message opens the first user turn,
+# followed by a blank line. Content is rendered as written (the trainer trains on it so).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set messages = messages | list -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system = messages[0]['content'] ~ '\\n\\n' -%}{%- set messages = messages[1:] -%}"
+    "{%- else -%}{%- set system = '' -%}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}"
+    "{{ raise_exception('Gemma has no system role after the first message') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' ~ role ~ '\\n' ~ (system if loop.first else '') ~ message['content'] ~ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
+def has_turn_markers(processor) -> bool:
+    return all(processor.piece_to_id(marker) != processor.unk_id() for marker in (START_OF_TURN, END_OF_TURN))
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """EOS, and `<end_of_turn>` where the tokenizer has it (a chat model ends its turn with it)."""
+    processor = tokenizer.processor
+    return [tokenizer.eos_id, processor.piece_to_id(END_OF_TURN)] if has_turn_markers(processor) else [tokenizer.eos_id]
+
+
+def generation_config_json(tokenizer) -> dict:
+    return {"bos_token_id": tokenizer.bos_id, "eos_token_id": stop_ids(tokenizer), "pad_token_id": tokenizer.pad_id}
+
+
+def write_tokenizer_files(tokenizer, directory: pathlib.Path, model_bytes: bytes) -> None:
+    """tokenizer.model (`model_bytes`, the run's file), the same as tokenizer.json (what transformers and
+    vLLM load), tokenizer_config.json, special_tokens_map.json."""
+    processor = tokenizer.processor
+    special = {
+        "bos_token": processor.id_to_piece(tokenizer.bos_id),
+        "eos_token": processor.id_to_piece(tokenizer.eos_id),
+        "pad_token": processor.id_to_piece(tokenizer.pad_id),
+        "unk_token": processor.id_to_piece(processor.unk_id()),
+    }
+    config = {
+        # tokenizer.json as written: GemmaTokenizer would impose Gemma's SentencePiece options (hf_tokenizer_json)
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": True,  # the trainer's documents start with BOS (trainer.data.loader), and Gemma's prompts do
+        "add_eos_token": False,
+        "model_max_length": 32_768,
+        "padding_side": "left",
+        "spaces_between_special_tokens": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    if has_turn_markers(processor):
+        config["chat_template"] = CHAT_TEMPLATE
+        special["additional_special_tokens"] = [START_OF_TURN, END_OF_TURN]
+    (directory / "tokenizer.model").write_bytes(model_bytes)
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json(model_bytes), ensure_ascii=False), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")

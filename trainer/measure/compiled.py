@@ -1,0 +1,311 @@
+"""The run's training step compiled for a TPU slice on any x86 host, without a TPU: what the TPU
+compiler says of its memory per chip and its cost, before any cloud resource exists.
+
+libtpu compiles for a topology it is only told about (`jax.experimental.topologies`); the program is
+the trainer's own step (trainer.step.build_run_step) with the arguments the loop passes, as shapes
+and shardings only. Two figures need care:
+- FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. The step's
+  one loop is the vocabulary-chunked log-sum-exp (trainer.loss): a forward map and, under
+  jax.checkpoint, a backward map that recomputes a chunk's logits and takes both gradients. The
+  compiler's cost of one such chunk (trainer.loss.chunk_logsumexp, forward and gradients, compiled
+  alone on the same mesh) times the (chunks - 1) missing iterations is added. A Pallas kernel (splash
+  attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
+  (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
+  head dimension) and its bytes as its inputs and outputs read and written three times (forward,
+  and the backward's reads and gradients).
+- Memory: arguments + outputs + temporaries - donated (aliased) + generated code, per chip, against
+  the HBM the compiler itself says it can use (it names it when a program does not fit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+
+from trainer import loss, mesh, models, precision, step
+from trainer.config import TrainConfig
+from trainer.errors import UserError
+from trainer.measure import flops, hardware
+
+# The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
+TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
+_OOM = re.compile(r"RESOURCE_EXHAUSTED.*?required for (?P<what>.+?) \((?P<required>[\d.]+)G\) exceeds available HBM "
+                  r"\((?P<available>[\d.]+)G\)", re.S)
+_GIB = 2**30
+
+
+def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list:
+    """Compile-only devices of `num_slices` slices of `accelerator` `topology` (e.g. v6e, 2x4)."""
+    if accelerator not in TOPOLOGY_PREFIX:
+        raise UserError(f"accelerator {accelerator!r}: the TPU compiler knows {', '.join(TOPOLOGY_PREFIX)}")
+    # libtpu reads the local TPU VM's metadata at start-up and, on a host that is none, prints warnings
+    # about TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES. Compiling needs neither: these quiet it.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{accelerator}-1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # A TPU VM's chips belong to one process at a time (libtpu's lockfile); compiling uses none of them.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=f"{TOPOLOGY_PREFIX[accelerator]}:{topology}",
+                                                 num_slices=num_slices).devices)
+    except (RuntimeError, ValueError) as error:
+        reason = str(error).splitlines()[0]
+        raise UserError(f"topology {accelerator} {topology} x {num_slices} slice(s): the TPU compiler refuses it ({reason})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DoesNotFit(Exception):
+    """The compiler's own verdict: `required` bytes of `what` exceed the `available` HBM per chip."""
+
+    what: str
+    required: int
+    available: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompiledStep:
+    device_kind: str
+    chips: int
+    batch_size: int
+    attention: str  # dense or splash, as --attention auto chose
+    remat: str  # the rematerialisation policy that fits, as --remat auto chose
+    arguments: int
+    outputs: int
+    temporaries: int
+    aliased: int
+    generated_code: int
+    flops_reported: float  # the compiler's cost analysis, loop bodies counted once
+    flops_loop_correction: float  # the iterations it left out (see the module docstring)
+    flops_kernels: float  # the Pallas kernels' count, which the analysis has not
+    bytes_reported: float
+    bytes_loop_correction: float
+    bytes_kernels: float
+    fingerprint: str  # of the lowered program: equal to the one the run records in config.json
+    dense_attention_mask: bool  # an [..., L, L] tensor in the optimized program
+
+    @property
+    def bytes_per_chip(self) -> int:
+        return self.arguments + self.outputs + self.temporaries - self.aliased + self.generated_code
+
+    @property
+    def flops_per_chip(self) -> float:
+        return self.flops_reported + self.flops_loop_correction + self.flops_kernels
+
+    @property
+    def bytes_accessed(self) -> float:
+        return self.bytes_reported + self.bytes_loop_correction + self.bytes_kernels
+
+
+def vocab_loop_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) per chip of the vocabulary-chunk iterations the cost analysis leaves
+    out: (chunks - 1) times the compiler's own cost of one chunk's forward, recompute and gradients."""
+    chunk = run_step.vocab_chunk
+    if chunk is None or chunk >= model_config.num_embed:
+        return 0.0, 0.0
+    chunks = math.ceil(model_config.num_embed / chunk)
+    device_mesh, dtype = run_step.device_mesh, run_step.compute_dtype
+    replicated = jax.sharding.NamedSharding(device_mesh, jax.sharding.PartitionSpec())
+    hidden = jax.ShapeDtypeStruct((config.batch_size * config.seq_len, model_config.embed_dim), dtype,
+                                  sharding=jax.sharding.NamedSharding(device_mesh, jax.sharding.PartitionSpec(mesh.BATCH_AXES)))
+    weights = jax.ShapeDtypeStruct((chunk, model_config.embed_dim), dtype, sharding=replicated)
+    valid = jax.ShapeDtypeStruct((chunk,), jnp.bool_, sharding=replicated)
+    softcap = model_config.final_logit_softcap
+    body = jax.checkpoint(lambda h, c, v: jnp.sum(loss.chunk_logsumexp(h, c, v, softcap)))
+    cost = jax.jit(jax.value_and_grad(body, argnums=(0, 1))).lower(hidden, weights, valid).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return (chunks - 1) * float(cost.get("flops", 0.0)), (chunks - 1) * float(cost.get("bytes accessed", 0.0))
+
+
+def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
+    """(FLOPs, bytes) per chip of the splash attention kernels, which the cost analysis cannot see."""
+    if run_step.layers.attention != "splash":
+        return 0.0, 0.0
+    tokens_per_chip = config.batch_size * config.seq_len / run_step.device_mesh.size
+    heads, kv_heads, head_dim = model_config.num_heads, model_config.num_kv_heads, model_config.head_dim
+    contexts = [flops.attention_context(kind, config.seq_len, model_config.sliding_window_size) for kind in model_config.attention_types]
+    kernel_flops = 14 * heads * head_dim * sum(contexts) * tokens_per_chip
+    itemsize = jnp.dtype(run_step.compute_dtype).itemsize
+    kernel_bytes = 3 * len(contexts) * tokens_per_chip * head_dim * (2 * heads + 2 * kv_heads) * itemsize
+    return kernel_flops, kernel_bytes
+
+
+def _mesh_and_dtype(config: TrainConfig, devices, num_slices: int):
+    device_mesh = mesh.build_mesh(config.mesh, slices=num_slices, devices=devices)
+    if config.batch_size % device_mesh.size:
+        raise UserError(f"--batch-size {config.batch_size} must be a multiple of the {device_mesh.size} devices")
+    return device_mesh, precision.compute_dtype(config.compute_dtype, backend=devices[0].platform)
+
+
+def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: int, total_steps: int):
+    """(run_step, lowered train step) for `devices`, built as trainer.loop builds it (with the first
+    policy of --remat)."""
+    device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
+    return run_step, run_step.functions.train.lower(*step.abstract_train_args(run_step, config, model_config))
+
+
+def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1, total_steps: int = 1000,
+                       vocab_chunk: int | None = None) -> CompiledStep:
+    """The step compiled for `devices` as trainer.loop compiles it (--remat auto: the first policy that
+    fits); raises DoesNotFit when the compiler refuses it for memory."""
+    device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
+    try:
+        run_step, lowered, compiled = step.compile_run_step(
+            config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype, vocab_chunk=vocab_chunk,
+            train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
+    except jax.errors.JaxRuntimeError as error:
+        if match := _OOM.search(str(error)):
+            raise DoesNotFit(match["what"], int(float(match["required"]) * _GIB), int(float(match["available"]) * _GIB)) from None
+        raise
+    memory = compiled.memory_analysis()
+    loop_flops, loop_bytes = vocab_loop_cost(run_step, config, model_config)
+    attention_flops, attention_bytes = kernel_cost(run_step, config, model_config)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return CompiledStep(
+        device_kind=devices[0].device_kind, chips=len(devices), batch_size=config.batch_size,
+        attention=run_step.layers.attention, remat=run_step.layers.remat,
+        arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
+        temporaries=memory.temp_size_in_bytes, aliased=memory.alias_size_in_bytes,
+        generated_code=memory.generated_code_size_in_bytes,
+        flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops, flops_kernels=attention_flops,
+        bytes_reported=float(cost.get("bytes accessed", 0.0)), bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
+        fingerprint=step.step_fingerprint(lowered),
+        dense_attention_mask=_has_square_mask(compiled.as_text(), config.seq_len),
+    )
+
+
+def _has_square_mask(hlo: str, seq_len: int) -> bool:
+    """Whether the optimized program holds an [..., L, L] tensor (the dense attention's mask or logits)."""
+    return re.search(rf"\[(\d+,)*{seq_len},{seq_len}\]", hlo) is not None
+
+
+_usable_hbm: dict[str, int] = {}
+
+
+def usable_hbm_bytes(devices) -> int:
+    """HBM per chip that the compiler lets a program use (v6e: 31.24 GiB of 32), asked of the compiler
+    itself with a program one chip cannot hold, whose refusal names it."""
+    kind = devices[0].device_kind
+    if kind not in _usable_hbm:
+        one = jax.sharding.SingleDeviceSharding(devices[0])
+        side = 2**17  # a [side, side] float32 temporary: 64 GiB, more than any chip has
+
+        def too_large(x):
+            square = x + jax.random.normal(jax.random.key(0), (side, side), jnp.float32)
+            return (square @ square)[:1, :1]
+
+        try:
+            jax.jit(too_large).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=one)).compile()
+        except jax.errors.JaxRuntimeError as error:
+            match = _OOM.search(str(error))
+            if not match:
+                raise
+            _usable_hbm[kind] = int(float(match["available"]) * _GIB)
+        else:
+            raise RuntimeError(f"{kind}: a 64 GiB temporary compiled; cannot tell the usable HBM")
+    return _usable_hbm[kind]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fit:
+    """What `fit` reports of one run on one slice shape (keys of `python -m workloads fit --json`)."""
+
+    config: TrainConfig
+    model_config: object
+    compiled: CompiledStep | None  # None: the run's own batch does not fit
+    refused: DoesNotFit | None
+    usable_hbm: int
+    largest_batch: int
+
+    def report(self) -> dict:
+        config, model_config = self.config, self.model_config
+        tokens = config.batch_size * config.seq_len
+        params = flops.param_count(model_config)
+        trained = flops.lora_param_count(model_config, config.lora_rank) if config.lora_rank else params
+        result = {
+            "model": config.model, "lora_rank": config.lora_rank, "batch_size": config.batch_size, "seq_len": config.seq_len,
+            "mesh": dict(config.mesh), "params": params, "trained_params": trained, "tokens_per_step": tokens,
+            "usable_hbm_bytes_per_chip": self.usable_hbm, "largest_batch": self.largest_batch,
+        }
+        if self.compiled is None:
+            refused = self.refused
+            return {**result, "fits": False, "compiled_bytes_per_chip": refused.required, "headroom_gib": round(
+                (refused.available - refused.required) / _GIB, 2), "refused_for": refused.what}
+        compiled = self.compiled
+        chip = hardware.CHIPS[compiled.device_kind]
+        model_flops = flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank) * tokens
+        compute_s = compiled.flops_per_chip / chip.peak_bf16_flops
+        memory_s = compiled.bytes_accessed / chip.hbm_bytes_per_s
+        bound_s = max(compute_s, memory_s)
+        return {
+            **result,
+            "device_kind": compiled.device_kind, "chips": compiled.chips, "hbm_bytes_per_chip": chip.hbm_bytes,
+            "compiled_bytes_per_chip": compiled.bytes_per_chip,
+            "compiled_parts": {"arguments": compiled.arguments, "outputs": compiled.outputs, "temporaries": compiled.temporaries,
+                               "aliased": compiled.aliased, "generated_code": compiled.generated_code},
+            "flops_per_chip_per_step": compiled.flops_per_chip, "flops_reported_by_compiler": compiled.flops_reported,
+            "flops_loop_correction": compiled.flops_loop_correction, "flops_attention_kernels": compiled.flops_kernels, "model_flops_per_chip_per_step": model_flops / compiled.chips,
+            "bytes_accessed_per_chip": compiled.bytes_accessed, "bytes_reported_by_compiler": compiled.bytes_reported,
+            "step_time_bound_s": bound_s, "bound_by": "flops" if compute_s >= memory_s else "bytes",
+            "mfu_bound": model_flops / compiled.chips / chip.peak_bf16_flops / bound_s,
+            "fits": compiled.bytes_per_chip <= self.usable_hbm,
+            "headroom_gib": round((self.usable_hbm - compiled.bytes_per_chip) / _GIB, 2),
+            "attention": compiled.attention, "remat": compiled.remat, "l_by_l_tensor": compiled.dense_attention_mask,
+            "step_fingerprint": compiled.fingerprint,
+        }
+
+
+def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | DoesNotFit:
+    try:
+        return compile_train_step(config, model_config, devices, num_slices=num_slices)
+    except DoesNotFit as refused:
+        return refused
+
+
+def _needed(result: CompiledStep | DoesNotFit) -> int:
+    return result.bytes_per_chip if isinstance(result, CompiledStep) else result.required
+
+
+def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
+                  first: CompiledStep | DoesNotFit) -> int:
+    """The largest global batch (a multiple of the chips) whose step fits, from the compiler: memory
+    per chip is affine in the batch, so two compiles give the line, and a third checks its answer
+    (stepping down one multiple at a time while the compiler refuses it)."""
+    unit = len(devices)
+    other_batch = config.batch_size * 2 if config.batch_size > unit else config.batch_size + unit
+    if isinstance(first, DoesNotFit) and config.batch_size > unit:
+        other_batch = max(unit, config.batch_size // 4 // unit * unit)
+    other = _try_compile(dataclasses.replace(config, batch_size=other_batch), model_config, devices, num_slices)
+    (b1, m1), (b2, m2) = sorted([(config.batch_size, _needed(first)), (other_batch, _needed(other))])
+    per_row = max((m2 - m1) / (b2 - b1), 1.0)
+    guess = int((usable - (m1 - per_row * b1)) / per_row) // unit * unit
+    for _ in range(4):
+        if guess < unit:
+            return 0
+        if guess in (b1, b2):
+            result = first if guess == config.batch_size else other
+        else:
+            result = _try_compile(dataclasses.replace(config, batch_size=guess), model_config, devices, num_slices)
+        if isinstance(result, CompiledStep) and result.bytes_per_chip <= usable:
+            return guess
+        guess -= unit * max(1, math.ceil((_needed(result) - usable) / per_row / unit))
+    return max(guess, 0)
+
+
+def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True) -> Fit:
+    """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's)."""
+    model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
+    usable = usable_hbm_bytes(devices)
+    first = _try_compile(config, model_config, devices, num_slices)
+    batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else 0
+    if isinstance(first, DoesNotFit):
+        return Fit(config=config, model_config=model_config, compiled=None, refused=first, usable_hbm=usable, largest_batch=batch)
+    return Fit(config=config, model_config=model_config, compiled=first, refused=None, usable_hbm=usable, largest_batch=batch)

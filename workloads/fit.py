@@ -1,0 +1,96 @@
+"""`python -m workloads fit --stack NAME [--run RUN] [--json]`: does each run fit its TPU slice, and
+what does its step cost? Answered by the TPU compiler, offline, before `pulumi up`.
+
+Each run's trainer command line is the one its Job or JobSet carries (workloads.spec), parsed by the
+trainer's own parser; the slice (generation, topology, slices) comes from the catalog. The step that
+trainer.measure.compiled compiles is the one the trainer runs: the run records the same fingerprint
+in its config.json (`step_fingerprint`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from infra.config import RunConfig, StackConfig
+from workloads.spec import RunSpec, run_spec
+
+_GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunFit:
+    run: str
+    spec: RunSpec
+    report: dict
+
+
+def select_runs(config: StackConfig, run_name: str | None) -> tuple[RunConfig, ...]:
+    if run_name is None:
+        return config.runs
+    runs = tuple(run for run in config.runs if run.name == run_name)
+    if not runs:
+        names = ", ".join(run.name for run in config.runs)
+        raise ValueError(f"--run {run_name}: the stack has no such run (its runs: {names})")
+    return runs
+
+
+def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, search_batch: bool = True) -> list[RunFit]:
+    """Compile every selected run's step for its slice (several minutes a run for the real models)."""
+    from trainer.config import parse_config
+    from trainer.measure import compiled
+
+    fits = []
+    for run in select_runs(config, run_name):
+        spec = run_spec(config, run, image=image)
+        train_config = parse_config(list(spec.trainer_args))
+        devices = compiled.tpu_devices(config.tpu.accelerator, config.tpu.topology, num_slices=run.slices)
+        report = compiled.fit(train_config, devices, num_slices=run.slices, search_batch=search_batch).report()
+        report = {"run": run.name, "accelerator": config.tpu.accelerator, "topology": config.tpu.topology,
+                  "slices": run.slices, **report}
+        fits.append(RunFit(run=run.name, spec=spec, report=report))
+    return fits
+
+
+def advice(report: dict) -> str:
+    """One line for a run that does not fit: by how much, and what to change."""
+    needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
+    changes = []
+    if report["largest_batch"]:
+        changes.append(f"batchSize {report['largest_batch']} or less")
+    if not report["lora_rank"]:
+        changes.append("loraRank 8 (LoRA trains ~1% of the weights)")
+    changes.append("a larger topology or more slices")
+    return (f"run {report['run']}: does not fit {report['accelerator']} {report['topology']} x {report['slices']}: the step needs "
+            f"{needed:.1f} GiB per chip, the compiler allows {usable:.2f} GiB ({needed - usable:.1f} GiB over); "
+            f"set gemma-tpu:training {', or '.join(changes)}")
+
+
+_COLUMNS = (("run", "run", "{}"), ("slice", None, None), ("compiled GiB/chip", "compiled_bytes_per_chip", "{:.2f}"),
+            ("usable GiB", "usable_hbm_bytes_per_chip", "{:.2f}"), ("headroom GiB", "headroom_gib", "{:.2f}"),
+            ("largest batch", "largest_batch", "{}"), ("TFLOP/chip/step", "flops_per_chip_per_step", "{:.2f}"),
+            ("GB accessed/chip", "bytes_accessed_per_chip", "{:.1f}"), ("bound ms", "step_time_bound_s", "{:.1f}"),
+            ("bound by", "bound_by", "{}"), ("MFU bound", "mfu_bound", "{:.0%}"))
+_SCALE = {"compiled_bytes_per_chip": _GIB, "usable_hbm_bytes_per_chip": _GIB, "flops_per_chip_per_step": 1e12,
+          "bytes_accessed_per_chip": 1e9, "step_time_bound_s": 1e-3}
+
+
+def table(reports: list[dict]) -> str:
+    rows = [[title for title, _, _ in _COLUMNS]]
+    for report in reports:
+        row = []
+        for _, key, form in _COLUMNS:
+            if key is None:
+                row.append(f"{report['accelerator']} {report['topology']} x{report['slices']}")
+            elif key not in report:
+                row.append("-")
+            else:
+                value = report[key]
+                row.append(form.format(value / _SCALE[key] if key in _SCALE else value))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def to_json(reports: list[dict]) -> str:
+    return json.dumps(reports, indent=2)

@@ -109,20 +109,28 @@ def _interceptor(options: LayerOptions):
         if options.attention == "splash" and isinstance(module, _modules.Attention):
             x, positions, cache, _ = args
             if cache is None and not module.use_qkv_einsum:
-                return None, _packed_attention(options, module, x, positions, module.scope.root.get_variable(PACKING, "segment_ids"))
+                return None, _packed_attention(options, module, x, positions, _segment_ids(module))
         if REMAT_POLICIES[options.remat] and isinstance(module, _modules.Block) and not getattr(_state, "inside", False):
-            return nn.checkpoint(_own_call, policy=REMAT_POLICIES[options.remat])(module, *args, **kwargs)
+            segment_ids = module.scope.root.get_variable(PACKING, "segment_ids")
+            return nn.checkpoint(_own_call, policy=REMAT_POLICIES[options.remat])(module, segment_ids, *args, **kwargs)
         return next_fun(*args, **kwargs)
 
     return intercept
 
 
-def _own_call(module, *args):
-    _state.inside = True
+def _segment_ids(module):
+    """The rows' segment ids: an argument of the rematerialised block around `module`, if there is one
+    (a lifted scope sees only its own module's variables), else the model's packing collection."""
+    inside = getattr(_state, "segment_ids", None)
+    return inside if inside is not None else module.scope.root.get_variable(PACKING, "segment_ids")
+
+
+def _own_call(module, segment_ids, *args):
+    _state.inside, _state.segment_ids = True, segment_ids
     try:
         return module(*args)
     finally:
-        _state.inside = False
+        _state.inside, _state.segment_ids = False, None
 
 
 def variables(options: LayerOptions, segment_ids) -> dict:

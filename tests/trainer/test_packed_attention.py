@@ -35,15 +35,16 @@ def model_config():
     return config
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_splash_attention_equals_the_dense_mask_on_packed_rows(model_config, lora_rank):
+@pytest.mark.parametrize("lora_rank, remat", [(0, "none"), (4, "none"), (0, "full")])
+def test_splash_attention_equals_the_dense_mask_on_packed_rows(model_config, lora_rank, remat):
+    """Also inside rematerialised blocks, where the kernel's segment ids cross the block's boundary."""
     model = models.build_model(model_config, dtype=jnp.float32, lora_rank=lora_rank)
     batch = packed_batch()
     params = model.init(jax.random.key(0), batch["input_tokens"][:, :8])["params"]
     if lora_rank:  # B starts at 0: move it so that the adapters take part
         params = jax.tree_util.tree_map_with_path(
             lambda path, x: x + 0.02 if "lora" in jax.tree_util.keystr(path) else x, params)
-    splash = layers.LayerOptions(attention="splash", interpret=True)
+    splash = layers.LayerOptions(attention="splash", remat=remat, interpret=True)
     projection = jax.random.normal(jax.random.key(1), (model_config.embed_dim,))
 
     def objective(params, options):

@@ -88,12 +88,3 @@ def test_a_bad_shape_names_the_expected_form(capsys):
         memory.main(["--shapes", "v9:2x4"])
     assert exit_info.value.code == contract.USER_ERROR
     assert "ACCELERATOR:TOPOLOGY" in capsys.readouterr().err
-
-
-def test_the_readme_memory_table_is_what_the_cli_prints(capsys):
-    import pathlib
-
-    assert memory.main([]) == contract.OK
-    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
-    readme = (pathlib.Path(__file__).parents[3] / "README.md").read_text()
-    assert "\n".join(printed) in readme, "paste the table of `python -m trainer.measure.memory` into README.md"

@@ -1,0 +1,105 @@
+"""The README's memory table, from the TPU compiler: `python -m trainer.measure.memory_table`.
+
+Compiles the train step (trainer.measure.compiled) of each model, full and LoRA, on each v6e shape,
+at the table's global batch and row length, with FSDP over each slice as the workloads run it; writes
+every compile's figures and its step fingerprint to docs/memory-table.json and prints the Markdown
+table the README carries, with the formula of trainer.measure.memory beside each figure.
+tests/trainer/measure/test_memory_table.py keeps the README equal to the JSON, the formula column
+equal to the formula, and the JSON's step equal to the trainer's (its fingerprint): a change to the
+step makes that test ask for this command again. A real model's compile takes minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+from trainer.errors import entry_point
+
+TABLE_JSON = pathlib.Path(__file__).resolve().parents[2] / "docs" / "memory-table.json"
+GLOBAL_BATCH = 128
+SEQ_LEN = 256
+LORA_RANK = 16
+# (topology, slices): one chip, the shipped multi-host slice, a larger slice, and the multislice stack's two.
+SHAPES = (("1x1", 1), ("2x4", 1), ("4x4", 1), ("2x4", 2))
+_GIB = 2**30
+
+
+def entry_args(model: str, lora_rank: int, topology: str, slices: int) -> list[str]:
+    """The trainer flags of one entry, as the workloads pass them (FSDP over a slice's chips)."""
+    chips_per_slice = 1
+    for side in topology.split("x"):
+        chips_per_slice *= int(side)
+    return ["--model", model, "--weights", "random", "--data", "unused-by-a-compile", "--lora-rank", str(lora_rank),
+            "--batch-size", str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN), "--mesh", f"data=-1,fsdp={chips_per_slice}",
+            "--steps", "1000"]
+
+
+def formula_gib(model: str, lora_rank: int, topology: str, slices: int) -> float:
+    """trainer.measure.memory's estimate for the entry, in GiB."""
+    from trainer import models
+    from trainer.measure import memory
+
+    chips = memory.Shape("v6e", topology).chips
+    estimate = memory.estimate_bytes_per_chip(models.model_config(model, vocab_size=0), chips=chips, fsdp=chips,
+                                              lora_rank=lora_rank, batch_per_chip=GLOBAL_BATCH // (chips * slices),
+                                              seq_len=SEQ_LEN)
+    return round(estimate["total"] / _GIB, 1)
+
+
+def compile_entry(model: str, lora_rank: int, topology: str, slices: int) -> dict:
+    from trainer.config import parse_config
+    from trainer.measure import compiled
+
+    config = parse_config(entry_args(model, lora_rank, topology, slices))
+    devices = compiled.tpu_devices("v6e", topology, num_slices=slices)
+    report = compiled.fit(config, devices, num_slices=slices, search_batch=False).report()
+    return {"model": model, "lora_rank": lora_rank, "topology": topology, "slices": slices,
+            "compiled_gib": round(report["compiled_bytes_per_chip"] / _GIB, 2),
+            "usable_gib": round(report["usable_hbm_bytes_per_chip"] / _GIB, 2), "fits": report["fits"],
+            "remat": report.get("remat"), "attention": report.get("attention"),
+            "step_fingerprint": report.get("step_fingerprint"), "formula_gib": formula_gib(model, lora_rank, topology, slices)}
+
+
+def markdown(entries: list[dict]) -> str:
+    rows = ["| model | mode | slice | batch/chip | compiled GiB/chip | formula GiB | fits (compiler) | remat |",
+            "|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        chips = 1
+        for side in e["topology"].split("x"):
+            chips *= int(side)
+        mode = f"LoRA r={e['lora_rank']}" if e["lora_rank"] else "full"
+        shape = f"v6e {e['topology']}" + (f" x {e['slices']}" if e["slices"] > 1 else "")
+        fits = "yes" if e["fits"] else f"no (needs {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"
+        rows.append(f"| {e['model']} | {mode} | {shape} | {GLOBAL_BATCH // (chips * e['slices'])} | {e['compiled_gib']:.2f} | "
+                    f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} |")
+    return "\n".join(rows)
+
+
+def read_entries(path: pathlib.Path = TABLE_JSON) -> list[dict]:
+    return json.loads(path.read_text())["entries"]
+
+
+@entry_point()
+def main(argv=None) -> int | None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.measure.memory_table", description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["gemma3-270m", "gemma3-1b"], help="models to compile")
+    parser.add_argument("--out", type=pathlib.Path, default=TABLE_JSON, help=f"the JSON to write (default {TABLE_JSON})")
+    parser.add_argument("--print", dest="print_only", action="store_true", help="print the table of --out without compiling")
+    args = parser.parse_args(argv)
+    if not args.print_only:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        entries = [compile_entry(model, rank, topology, slices)
+                   for model in args.models for rank in (0, LORA_RANK) for topology, slices in SHAPES]
+        temporary = args.out.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"global_batch": GLOBAL_BATCH, "seq_len": SEQ_LEN, "entries": entries}, indent=1) + "\n")
+        temporary.replace(args.out)
+    print(markdown(read_entries(args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -196,7 +196,7 @@ def usable_hbm_bytes(devices) -> int:
     kind = devices[0].device_kind
     if kind not in _usable_hbm:
         one = jax.sharding.SingleDeviceSharding(devices[0])
-        side = 2**17  # a [side, side] float32 temporary: 64 GiB, more than any chip has
+        side = 2**18  # a [side, side] float32 temporary: 256 GiB, more than any chip has
 
         def too_large(x):
             square = x + jax.random.normal(jax.random.key(0), (side, side), jnp.float32)
@@ -210,7 +210,7 @@ def usable_hbm_bytes(devices) -> int:
                 raise
             _usable_hbm[kind] = int(float(match["available"]) * _GIB)
         else:
-            raise RuntimeError(f"{kind}: a 64 GiB temporary compiled; cannot tell the usable HBM")
+            raise RuntimeError(f"{kind}: a 256 GiB temporary compiled; cannot tell the usable HBM")
     return _usable_hbm[kind]
 
 

@@ -103,3 +103,8 @@ def test_a_topology_the_compiler_does_not_know_is_one_line(accelerator, topology
 def test_a_batch_the_chips_do_not_divide_is_one_line(model_config, v6e_2x2):
     with pytest.raises(UserError, match="^--batch-size 6 must be a multiple of the 4 devices$"):
         compiled.compile_train_step(dataclasses.replace(TINY, batch_size=6), model_config, v6e_2x2)
+
+
+def test_a_mesh_the_chips_do_not_divide_is_one_line(model_config, v6e_2x2):
+    with pytest.raises(UserError, match=r"^--mesh data=3,fsdp=1: needs 3 devices, this job has 4$"):
+        compiled.compile_train_step(dataclasses.replace(TINY, mesh={"data": 3, "fsdp": 1}), model_config, v6e_2x2)

@@ -31,7 +31,9 @@ from gemma.gm.nn import _modules
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-ATTENTIONS = ("dense", "splash")
+from trainer.errors import UserError
+
+# Least recomputation first: --remat auto tries them in this order (trainer.step).
 REMAT_POLICIES = {
     "none": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -45,7 +47,7 @@ PACKING = "packing"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerOptions:
-    attention: str = "dense"  # ATTENTIONS
+    attention: str = "dense"  # or "splash"
     remat: str = "none"  # REMAT_POLICIES
     mesh: jax.sharding.Mesh | None = None  # the batch axes the kernel runs over, one shard per device
     batch_axes: tuple[str, ...] = ()
@@ -54,6 +56,9 @@ class LayerOptions:
 
 def choose_attention(requested: str, *, platform: str, seq_len: int) -> str:
     """"auto": splash on TPU for rows the kernel's blocks divide, else dense."""
+    if requested == "splash" and seq_len % SPLASH_BLOCK:
+        raise UserError(f"--attention splash: --seq-len {seq_len} must be a multiple of {SPLASH_BLOCK} (the kernel's block); "
+                        "choose such a length or --attention auto")
     if requested != "auto":
         return requested
     return "splash" if platform == "tpu" and seq_len % SPLASH_BLOCK == 0 else "dense"

@@ -194,7 +194,7 @@ def build_run_step(config, model_config, device_mesh, *, total_steps: int, compu
 
 def remat_candidates(requested: str) -> tuple[str, ...]:
     """The rematerialisation policies to try, least recomputation first."""
-    return ("none", "dots", "full") if requested == "auto" else (requested,)
+    return tuple(layers_lib.REMAT_POLICIES) if requested == "auto" else (requested,)
 
 
 def out_of_memory(error: Exception) -> bool:

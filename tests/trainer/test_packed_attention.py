@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from trainer import layers, loss, models
+from trainer.errors import UserError
 
 SEQ = 256  # the kernel's blocks are 128 tokens; the tiny model's sliding window (64) is shorter than a row
 VOCAB = 512
@@ -105,3 +106,15 @@ def test_rematerialised_blocks_give_the_same_loss_and_gradients(model_config, re
     assert float(value) == pytest.approx(float(plain), rel=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_options_table_names_the_policies_there_are():
+    from trainer import config, step
+
+    assert (*step.remat_candidates("auto"),) == tuple(layers.REMAT_POLICIES) == config.REMATS[1:] == ("none", "dots", "full")
+    assert config.ATTENTIONS == ("auto", "dense", "splash")
+    assert layers.choose_attention("auto", platform="tpu", seq_len=1024) == "splash"
+    assert layers.choose_attention("auto", platform="tpu", seq_len=1000) == "dense"  # the kernel's blocks are 128
+    assert layers.choose_attention("auto", platform="cpu", seq_len=1024) == "dense"
+    with pytest.raises(UserError, match="^--attention splash: --seq-len 1000 must be a multiple of 128"):
+        layers.choose_attention("splash", platform="tpu", seq_len=1000)

@@ -79,6 +79,12 @@ def markdown(entries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def write_entries(entries: list[dict], path: pathlib.Path) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"global_batch": GLOBAL_BATCH, "seq_len": SEQ_LEN, "entries": entries}, indent=1) + "\n")
+    temporary.replace(path)
+
+
 def read_entries(path: pathlib.Path = TABLE_JSON) -> list[dict]:
     return json.loads(path.read_text())["entries"]
 
@@ -92,11 +98,12 @@ def main(argv=None) -> int | None:
     args = parser.parse_args(argv)
     if not args.print_only:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        entries = [compile_entry(model, rank, topology, slices)
-                   for model in args.models for rank in (0, LORA_RANK) for topology, slices in SHAPES]
-        temporary = args.out.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"global_batch": GLOBAL_BATCH, "seq_len": SEQ_LEN, "entries": entries}, indent=1) + "\n")
-        temporary.replace(args.out)
+        entries = []
+        for model in args.models:
+            for rank in (0, LORA_RANK):
+                for topology, slices in SHAPES:
+                    entries.append(compile_entry(model, rank, topology, slices))
+                    write_entries(entries, args.out)  # after each compile: minutes of work are not lost
     print(markdown(read_entries(args.out)))
     return 0
 

@@ -93,6 +93,8 @@ def read_entries(path: pathlib.Path = TABLE_JSON) -> list[dict]:
 def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(prog="python -m trainer.measure.memory_table", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gemma3-270m", "gemma3-1b"], help="models to compile")
+    parser.add_argument("--shapes", nargs="+", choices=[f"{topology}/{slices}" for topology, slices in SHAPES],
+                        default=[f"{topology}/{slices}" for topology, slices in SHAPES], help="TOPOLOGY/SLICES to compile")
     parser.add_argument("--out", type=pathlib.Path, default=TABLE_JSON, help=f"the JSON to write (default {TABLE_JSON})")
     parser.add_argument("--print", dest="print_only", action="store_true", help="print the table of --out without compiling")
     args = parser.parse_args(argv)
@@ -101,8 +103,9 @@ def main(argv=None) -> int | None:
         entries = []
         for model in args.models:
             for rank in (0, LORA_RANK):
-                for topology, slices in SHAPES:
-                    entries.append(compile_entry(model, rank, topology, slices))
+                for shape in args.shapes:
+                    topology, slices = shape.split("/")
+                    entries.append(compile_entry(model, rank, topology, int(slices)))
                     write_entries(entries, args.out)  # after each compile: minutes of work are not lost
     print(markdown(read_entries(args.out)))
     return 0

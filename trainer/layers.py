@@ -53,6 +53,11 @@ class LayerOptions:
     batch_axes: tuple[str, ...] = ()
     interpret: bool = False  # the kernel in Pallas' interpreter (CPU tests)
 
+    @property
+    def stock(self) -> bool:
+        """gemma's own modules, untouched: nothing to intercept and nothing to pass."""
+        return self.attention == "dense" and self.remat == "none"
+
 
 def choose_attention(requested: str, *, platform: str, seq_len: int) -> str:
     """"auto": splash on TPU for rows the kernel's blocks divide, else dense."""
@@ -141,7 +146,7 @@ def _own_call(module, segment_ids, *args):
 def variables(options: LayerOptions, segment_ids) -> dict:
     """The collections `model.apply` takes beside the params: the segment ids for the kernel, and a
     marker named after the options, so that gemma's nn.jit traces each set of options apart."""
-    if options.attention == "dense" and options.remat == "none":
+    if options.stock:
         return {}
     packing = {f"options-{options.attention}-{options.remat}": jnp.zeros((0,), jnp.int8)}
     if options.attention == "splash":
@@ -152,7 +157,7 @@ def variables(options: LayerOptions, segment_ids) -> dict:
 @contextlib.contextmanager
 def applied(options: LayerOptions):
     """Within it, gemma's modules run as `options` says."""
-    if options.attention == "dense" and options.remat == "none":
+    if options.stock:
         yield
         return
     with nn.intercept_methods(_interceptor(options)):

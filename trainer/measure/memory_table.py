@@ -18,6 +18,7 @@ import pathlib
 import sys
 
 from trainer.errors import entry_point
+from trainer.measure import memory
 
 TABLE_JSON = pathlib.Path(__file__).resolve().parents[2] / "docs" / "memory-table.json"
 GLOBAL_BATCH = 128
@@ -30,9 +31,7 @@ _GIB = 2**30
 
 def entry_args(model: str, lora_rank: int, topology: str, slices: int) -> list[str]:
     """The trainer flags of one entry, as the workloads pass them (FSDP over a slice's chips)."""
-    chips_per_slice = 1
-    for side in topology.split("x"):
-        chips_per_slice *= int(side)
+    chips_per_slice = memory.Shape("v6e", topology).chips
     return ["--model", model, "--weights", "random", "--data", "unused-by-a-compile", "--lora-rank", str(lora_rank),
             "--batch-size", str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN), "--mesh", f"data=-1,fsdp={chips_per_slice}",
             "--steps", "1000"]
@@ -41,7 +40,6 @@ def entry_args(model: str, lora_rank: int, topology: str, slices: int) -> list[s
 def formula_gib(model: str, lora_rank: int, topology: str, slices: int) -> float:
     """trainer.measure.memory's estimate for the entry, in GiB."""
     from trainer import models
-    from trainer.measure import memory
 
     chips = memory.Shape("v6e", topology).chips
     estimate = memory.estimate_bytes_per_chip(models.model_config(model, vocab_size=0), chips=chips, fsdp=chips,
@@ -68,9 +66,7 @@ def markdown(entries: list[dict]) -> str:
     rows = ["| model | mode | slice | batch/chip | compiled GiB/chip | formula GiB | fits (compiler) | remat |",
             "|---|---|---|---|---|---|---|---|"]
     for e in entries:
-        chips = 1
-        for side in e["topology"].split("x"):
-            chips *= int(side)
+        chips = memory.Shape("v6e", e["topology"]).chips
         mode = f"LoRA r={e['lora_rank']}" if e["lora_rank"] else "full"
         shape = f"v6e {e['topology']}" + (f" x {e['slices']}" if e["slices"] > 1 else "")
         fits = "yes" if e["fits"] else f"no (needs {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"

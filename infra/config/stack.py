@@ -17,6 +17,7 @@ from infra.config.network import NetworkConfig, parse_network
 from infra.config.queue import QueueConfig, check_queue, read_queue
 from infra.config.runs import RunConfig, check_run, parse_runs
 from infra.config.sections import PROJECT, Section, check_dns_label
+from infra.config.serving import ServingConfig, check_serving, read_serving
 from infra.config.slices import CAPACITY_SELECTORS, TpuConfig, capacity_chips, check_tpu, parse_tpu
 from infra.config.storage import CACHE_HEADROOM_GIB, DATA_CACHE_GIB_DEFAULT, DATA_CACHE_GIB_MAX, TRAINER_SCRATCH_GIB, check_buckets
 from infra.config.training import parse_preparation, parse_training
@@ -60,6 +61,7 @@ class StackConfig:
     run_list: bool  # the runs come from gemma-tpu:runs
     queue: QueueConfig
     monitoring: MonitoringConfig
+    serving: ServingConfig | None  # gemma-tpu:serving; None: off
 
     @property
     def cluster_name(self) -> str:
@@ -134,6 +136,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     runs_value = top.raw(f"{PROJECT}:runs")
     queue_section = top.section(f"{PROJECT}:queue")
     monitoring_section = top.section(f"{PROJECT}:monitoring")
+    serving_section = top.section(f"{PROJECT}:serving")
 
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
     cluster_version = cluster.text("version", "") or None
@@ -150,7 +153,9 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     preparation = parse_preparation(training_section)
     queue_enabled, tpu_quota = read_queue(queue_section)
     monitoring = parse_monitoring(monitoring_section)
-    for section in (top, cluster, tpu_section, storage, training_section, queue_section, network_section, monitoring_section):
+    serving_request = read_serving(serving_section, tpu_config.accelerator)
+    for section in (top, cluster, tpu_section, storage, training_section, queue_section, network_section, monitoring_section,
+                    serving_section):
         section.reject_unknown()
 
     # Values are well-typed and every key is known: now the checks that span keys.
@@ -179,6 +184,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     capacity = capacity_chips(slice_spec, tpu_config.slices)
     queue = QueueConfig(enabled=queue_enabled, tpu_quota=capacity if tpu_quota is None else tpu_quota)
     check_queue(queue_section, queue, runs, slice_spec, capacity)
+    serving = check_serving(serving_section, serving_request, runs)
     return StackConfig(
         stack=stack,
         project=project,
@@ -204,4 +210,5 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         run_list=runs_value is not None,
         queue=queue,
         monitoring=monitoring,
+        serving=serving,
     )

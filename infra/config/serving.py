@@ -1,0 +1,234 @@
+"""gemma-tpu:serving: vLLM on a TPU slice of its own, answering OpenAI-style chat requests with a
+run's Hugging Face export (runs/<run>/export/hf). What it builds: docs/serving.md.
+
+vLLM refuses at start-up what these checks refuse here, before any resource exists: a max length
+above the model's, a LoRA rank above its largest --max-lora-rank, a model whose weights and one
+sequence of KV cache do not fit the chips. (Its tensor parallelism over the slice's chips must also
+divide the attention heads: every single-host slice of the catalog does, which a test keeps true.)
+"""
+
+import math
+import re
+from dataclasses import dataclass
+
+from infra import tpu
+from infra.config.runs import RunConfig
+from infra.config.sections import Section
+from infra.errors import ConfigError
+from infra.tpu import SliceSpec
+from trainer.measure.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
+
+LORA_MODES = ("merged", "adapter")  # the run's merged export, or the base with its PEFT adapter (--enable-lora)
+SERVING_CAPACITIES = ("on-demand", "spot")
+# vllm/config/lora.py (vLLM 0.11, 01230b40): LoRAConfig.max_lora_rank is one of these; an adapter of a
+# higher rank than --max-lora-rank is refused when it loads.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM's default --gpu-memory-utilization, also on TPU: the share of each chip's HBM it takes.
+VLLM_MEMORY_SHARE = 0.9
+DEFAULT_MAX_MODEL_LEN = 8192
+_BF16 = 2
+_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedModel:
+    """What vLLM sizes a Gemma 3 text model by (config.json of its export); tests tie each row to
+    trainer.models and trainer.hf.config, which this layer does not import (gemma imports TensorFlow)."""
+
+    params: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    max_len: int  # config.json max_position_embeddings
+
+    def kv_bytes_per_token(self, chips: int) -> int:
+        """K and V of one token on one chip, bfloat16, all layers: heads are split over the chips,
+        and replicated where there are fewer than chips."""
+        return 2 * self.layers * math.ceil(self.kv_heads / chips) * self.head_dim * _BF16
+
+    def bytes_per_chip(self, chips: int, max_len: int) -> int:
+        """The bfloat16 weights split over `chips`, plus the KV cache of one sequence of `max_len`
+        tokens (what vLLM needs room for before it starts)."""
+        return math.ceil(_BF16 * self.params / chips) + self.kv_bytes_per_token(chips) * max_len
+
+
+SERVED_MODELS = {
+    "gemma3-270m": ServedModel(params=268_098_176, layers=18, heads=4, kv_heads=1, head_dim=256, max_len=32_768),
+    "gemma3-1b": ServedModel(params=999_885_952, layers=26, heads=4, kv_heads=1, head_dim=256, max_len=32_768),
+    "gemma3-4b": ServedModel(params=3_880_099_328, layers=34, heads=8, kv_heads=4, head_dim=256, max_len=131_072),
+    "gemma3-12b": ServedModel(params=11_765_788_416, layers=48, heads=16, kv_heads=8, head_dim=256, max_len=131_072),
+    "gemma3-27b": ServedModel(params=27_009_002_240, layers=62, heads=32, kv_heads=16, head_dim=128, max_len=131_072),
+}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingConfig:
+    """The vLLM Deployment of one run's export and the TPU slice each of its replicas runs on."""
+
+    run: str  # the run (gemma-tpu:runs name, or training.runName) whose export is served
+    model: str  # that run's model, a key of SERVED_MODELS
+    image: str  # the vLLM TPU image, pinned by digest
+    slice: SliceSpec  # one single-host slice a replica; tensor parallel over its chips
+    capacity: str  # on-demand | spot
+    replicas: int  # 0: nothing runs and the serving pool sits at zero nodes
+    max_replicas: int  # the HorizontalPodAutoscaler's bound; = replicas without autoscaling
+    queue_depth: int | None  # waiting requests a replica before the autoscaler adds one; None: no autoscaler
+    max_model_len: int
+    lora_rank: int | None  # the base with the run's adapter: vLLM's --max-lora-rank; None: the merged export
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.queue_depth is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Request:
+    """The section's keys, read and typed before any key of the stack is checked against another."""
+
+    enabled: bool
+    run: str
+    image: str
+    accelerator: str
+    topology: str
+    capacity: str
+    replicas: int
+    max_replicas: int | None
+    queue_depth: int | None
+    max_model_len: int | None
+    lora: str
+
+
+def read_serving(section: Section, accelerator: str) -> _Request:
+    autoscaling = section.section("autoscaling")
+    request = _Request(
+        enabled=section.flag("enabled", False),
+        run=section.text("run", ""),
+        image=section.text("image", ""),
+        accelerator=section.text("accelerator", accelerator, tpu.ACCELERATORS),
+        topology=section.text("topology", "1x1"),
+        capacity=section.text("capacity", "on-demand", SERVING_CAPACITIES),
+        replicas=section.integer("replicas", 1, minimum=0),
+        max_replicas=autoscaling.integer("maxReplicas", None, minimum=1),
+        queue_depth=autoscaling.integer("queueDepth", None, minimum=1),
+        max_model_len=section.integer("maxModelLen", None, minimum=16),
+        lora=section.text("lora", LORA_MODES[0], LORA_MODES),
+    )
+    autoscaling.reject_unknown()
+    return request
+
+
+def check_serving(section: Section, request: _Request, runs: tuple[RunConfig, ...]) -> ServingConfig | None:
+    """None when serving is off; otherwise the checked config, or the one-line ConfigError."""
+    if not request.enabled:
+        return None
+    run = _served_run(section, request.run, runs)
+    model = SERVED_MODELS[run.training.model]
+    slice_spec = _serving_slice(section, request)
+    max_model_len = request.max_model_len or min(DEFAULT_MAX_MODEL_LEN, model.max_len)
+    if not _DIGEST.match(request.image):
+        raise ConfigError(
+            f"{section.key('image')} {request.image!r} is not pinned by digest; give the vLLM TPU image as "
+            "vllm/vllm-tpu:TAG@sha256:DIGEST (docs/serving.md: `docker buildx imagetools inspect vllm/vllm-tpu:TAG`)"
+        )
+    if max_model_len > model.max_len:
+        raise ConfigError(
+            f"{section.key('maxModelLen')} is {max_model_len}, above {run.training.model}'s {model.max_len} "
+            f"(max_position_embeddings of its export); set at most {model.max_len}"
+        )
+    _check_fits(section, run.training.model, model, slice_spec, max_model_len)
+    return ServingConfig(
+        run=run.name,
+        model=run.training.model,
+        image=request.image,
+        slice=slice_spec,
+        capacity=request.capacity,
+        replicas=request.replicas,
+        max_replicas=_max_replicas(section, request),
+        queue_depth=request.queue_depth,
+        max_model_len=max_model_len,
+        lora_rank=_lora_rank(section, request.lora, run),
+    )
+
+
+def _served_run(section: Section, name: str, runs: tuple[RunConfig, ...]) -> RunConfig:
+    """The run named, or by default the stack's last (newest) run."""
+    if not name:
+        return runs[-1]
+    for run in runs:
+        if run.name == name:
+            return run
+    raise ConfigError(
+        f"{section.key('run')} is {name!r}, which is no run of this stack; choose one of {', '.join(r.name for r in runs)}"
+    )
+
+
+def _single_host(accelerator: str) -> list[SliceSpec]:
+    return [s for s in tpu.catalog() if s.accelerator == accelerator and not s.multi_host]
+
+
+def _serving_slice(section: Section, request: _Request) -> SliceSpec:
+    """vLLM on TPU in GKE runs on one host: the catalog's single-host slices only."""
+    try:
+        slice_spec = tpu.slice_spec(request.accelerator, request.topology)
+    except ConfigError as error:
+        raise ConfigError(f"{section.key('topology')}: {error}") from None
+    if slice_spec.multi_host:
+        raise ConfigError(
+            f"{section.key('topology')} {request.accelerator} {request.topology} spans {slice_spec.hosts} hosts, and vLLM "
+            f"serves from one; choose one of {', '.join(s.topology for s in _single_host(request.accelerator))}"
+        )
+    return slice_spec
+
+
+def _check_fits(section: Section, model_name: str, model: ServedModel, slice_spec: SliceSpec, max_model_len: int) -> None:
+    usable = VLLM_MEMORY_SHARE * hbm_bytes(DEVICE_KIND_OF_ACCELERATOR[slice_spec.accelerator])
+    needs = model.bytes_per_chip(slice_spec.chips, max_model_len)
+    if needs <= usable:
+        return
+    larger = [s.topology for s in _single_host(slice_spec.accelerator) if model.bytes_per_chip(s.chips, max_model_len) <= usable]
+    fix = f"choose {' or '.join(larger)}" if larger else f"no single-host {slice_spec.accelerator} slice holds it"
+    raise ConfigError(
+        f"{section.key('topology')} {slice_spec.accelerator} {slice_spec.topology} cannot hold {model_name}: its bfloat16 "
+        f"weights and one {max_model_len}-token sequence need {needs / 2**30:.1f} GiB a chip, and vLLM uses "
+        f"{usable / 2**30:.1f} GiB of each; {fix}, or lower {section.key('maxModelLen')}"
+    )
+
+
+def _lora_rank(section: Section, lora: str, run: RunConfig) -> int | None:
+    """vLLM's --max-lora-rank for the run's adapter: the smallest it accepts that holds the rank."""
+    if lora == "merged":
+        return None
+    rank = run.training.lora_rank
+    if not rank:
+        raise ConfigError(
+            f"{section.key('lora')} is adapter, but run {run.name!r} is a full fine-tune (loraRank 0) and has no "
+            "adapter; use lora: merged"
+        )
+    allowed = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not allowed:
+        raise ConfigError(
+            f"{section.key('lora')} is adapter, but run {run.name!r} has loraRank {rank} and vLLM serves adapters of "
+            f"rank at most {VLLM_LORA_RANKS[-1]}; use lora: merged (the run's export has the adapter merged in)"
+        )
+    return allowed[0]
+
+
+def _max_replicas(section: Section, request: _Request) -> int:
+    autoscaling = f"{section.key('autoscaling')}"
+    if (request.max_replicas is None) != (request.queue_depth is None):
+        raise ConfigError(f"{autoscaling} needs both maxReplicas and queueDepth (waiting requests a replica); set both or neither")
+    if request.max_replicas is None:
+        return request.replicas
+    if request.replicas == 0:
+        raise ConfigError(
+            f"{autoscaling} is set but {section.key('replicas')} is 0: the autoscaler scales from at least one "
+            "replica; set replicas to 1 or more, or remove autoscaling"
+        )
+    if request.max_replicas < request.replicas:
+        raise ConfigError(
+            f"{autoscaling}.maxReplicas is {request.max_replicas}, below {section.key('replicas')} {request.replicas}; "
+            f"set it to at least {request.replicas}"
+        )
+    return request.max_replicas
+

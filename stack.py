@@ -25,6 +25,7 @@ def deploy_runs(platform: Platform) -> list[TrainingRun]:
         service_account=platform.service_account,
         preparation_service_account=platform.preparation_service_account,
         jobset_install=platform.jobset_install,
+        webhooks=platform.admission_webhooks,
         after=platform.identity_bindings,
         training_after=[*platform.tpu_pools.pools, *platform.queue_objects],
     )

@@ -71,6 +71,12 @@ class Platform:
         return [self.queue.objects] if self.queue else []
 
     @property
+    def admission_webhooks(self) -> list[pulumi.Resource]:
+        """Every Job and pod of the training namespace waits for these: Kueue's install, whose
+        webhooks refuse them until it serves (workloads.deploy.RunPlatform)."""
+        return [self.queue.install] if self.queue else []
+
+    @property
     def identity_bindings(self) -> list[pulumi.Resource]:
         """What pods wait for: their Google accounts' bucket roles and Workload Identity bindings."""
         return [*self.identity.training.bindings, *self.identity.preparation.bindings]
@@ -90,17 +96,22 @@ def build(config: StackConfig) -> Platform:
     buckets = Buckets("storage", config, after=after_apis, opts=on_gcp)
     identity = TrainingIdentity("identity", config, cluster, buckets, after=after_apis, opts=on_gcp)
     jobset = JobSetController("jobset", cluster)
+    tpu_pools = TpuPools("tpu", config, cluster, after=after_apis, opts=on_gcp)
+    # Kueue looks for the ProvisioningRequest API once, at start-up, and without it never runs its
+    # provisioning admission check (kueue v0.19.2 cmd/kueue/main.go: "Skipping admission check
+    # controller setup"): with queued provisioning it starts after the pools that use that API.
+    kueue_after = [jobset.install, identity.namespace, *(tpu_pools.pools if config.queued_provisioning else ())]
     return Platform(
         config=config,
         gcp_provider=gcp_provider,
         apis=apis,
         network=network,
         cluster=cluster,
-        tpu_pools=TpuPools("tpu", config, cluster, after=after_apis, opts=on_gcp),
+        tpu_pools=tpu_pools,
         buckets=buckets,
         identity=identity,
         registry=Registry("registry", config, cluster.node_service_account, after=after_apis, opts=on_gcp),
         jobset=jobset,
-        queue=KueueQueue("queue", config, cluster, after=[jobset.install, identity.namespace]) if config.queue.enabled else None,
+        queue=KueueQueue("queue", config, cluster, after=kueue_after) if config.queue.enabled else None,
         monitoring=Monitoring("monitoring", config, after=after_apis, opts=on_gcp) if config.monitoring.enabled else None,
     )

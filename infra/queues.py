@@ -19,6 +19,7 @@ from typing import Any
 
 from infra.config import StackConfig
 from infra.config.runs import PRIORITIES
+from infra.config.slices import trainer_memory_gib
 
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -30,9 +31,28 @@ PROVISIONING_CHECK = "flex-start"
 PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
 _NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
-# Nodes of a queued provisioning pool carry this taint (cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest).
-QUEUED_NODE_TOLERATION = {"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"}
+# The taints of a queued provisioning TPU pool's nodes: GKE's queued-provisioning taint
+# (cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest) and every TPU node's
+# google.com/tpu=present. GKE adds the TPU toleration to Pods that request chips, but not to the
+# PodTemplate that Kueue builds for the ProvisioningRequest from the run's pod set and the flavor
+# (kueue v0.19.2 pkg/controller/admissionchecks/provisioning/controller.go createPodTemplate), so
+# the flavor carries both (Google's TPU v6e queued-provisioning example, GoogleCloudPlatform/
+# cluster-toolkit examples/gke-consumption-options/dws-flex-start-queued-provisioning).
+QUEUED_NODE_TOLERATIONS = (
+    {"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": TPU_RESOURCE, "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+)
 DISK_RESOURCE = "ephemeral-storage"
+MEMORY_RESOURCE = "memory"
+# The ProvisioningRequest parameter that asks GKE for a slice of this topology (the same example).
+TPU_TOPOLOGY_PARAMETER = "tpu-topology"
+# Kueue passes a queued object's provreq.kueue.x-k8s.io/* annotations to its ProvisioningRequest as
+# parameters (kueue v0.19.2 pkg/controller/admissionchecks/provisioning/provisioning.go
+# passProvReqParams); GKE keeps flex-start nodes for maxRunDurationSeconds, at most 7 days
+# (cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest; Google's TPU example sets it
+# on the JobSet). A run that outlasts it is disrupted, resumes from its checkpoint and asks again.
+MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
+FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600
 
 
 def cluster_queue_name(config: StackConfig) -> str:
@@ -59,23 +79,33 @@ def resource_flavor(config: StackConfig) -> dict[str, Any]:
     which already select the same values, so admission changes nothing in them."""
     spec: dict[str, Any] = {"nodeLabels": config.tpu_node_selector}
     if config.queued_provisioning:
-        spec["tolerations"] = [QUEUED_NODE_TOLERATION]
+        spec["tolerations"] = [dict(toleration) for toleration in QUEUED_NODE_TOLERATIONS]
     return _object("ResourceFlavor", flavor_name(config), spec)
 
 
+def _quotas(config: StackConfig) -> list[dict[str, Any]]:
+    """Every resource a training pod requests, for all the hosts of the pools at once."""
+    quotas = [
+        {"name": TPU_RESOURCE, "nominalQuota": config.queue.tpu_quota},
+        {"name": DISK_RESOURCE, "nominalQuota": f"{config.training_pod_disk_gib * config.total_hosts}Gi"},
+    ]
+    memory_gib = trainer_memory_gib(config.slice, config.cluster_mode)
+    if memory_gib is not None:
+        quotas.append({"name": MEMORY_RESOURCE, "nominalQuota": f"{memory_gib * config.total_hosts}Gi"})
+    return quotas
+
+
 def cluster_queue(config: StackConfig) -> dict[str, Any]:
+    quotas = _quotas(config)
     spec: dict[str, Any] = {
         "namespaceSelector": {"matchLabels": {_NAMESPACE_LABEL: config.namespace}},
         # A run that does not fit now does not hold back a smaller one behind it.
         "queueingStrategy": "BestEffortFIFO",
         # Kueue admits only what it covers: every resource the training pods request is here (the
-        # chips and the pods' disk), each flavor's resources in the order of coveredResources.
+        # chips, the pods' disk and, on Standard, their memory), each flavor's resources in the order of coveredResources.
         "resourceGroups": [{
-            "coveredResources": [TPU_RESOURCE, DISK_RESOURCE],
-            "flavors": [{"name": flavor_name(config), "resources": [
-                {"name": TPU_RESOURCE, "nominalQuota": config.queue.tpu_quota},
-                {"name": DISK_RESOURCE, "nominalQuota": f"{config.training_pod_disk_gib * config.total_hosts}Gi"},
-            ]}],
+            "coveredResources": [quota["name"] for quota in quotas],
+            "flavors": [{"name": flavor_name(config), "resources": quotas}],
         }],  # fmt: skip
         "preemption": {"withinClusterQueue": "LowerPriority"},
     }
@@ -107,7 +137,8 @@ def provisioning_objects(config: StackConfig) -> list[dict[str, Any]]:
         return []
     request_config = _object(
         "ProvisioningRequestConfig", PROVISIONING_CHECK,
-        {"provisioningClassName": QUEUED_PROVISIONING_CLASS, "managedResources": [TPU_RESOURCE]},
+        {"provisioningClassName": QUEUED_PROVISIONING_CLASS, "managedResources": [TPU_RESOURCE],
+         "parameters": {TPU_TOPOLOGY_PARAMETER: config.slice.topology}},
     )  # fmt: skip
     check = _object(
         "AdmissionCheck", PROVISIONING_CHECK,

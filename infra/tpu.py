@@ -16,6 +16,15 @@ from math import prod
 from infra.errors import ConfigError
 
 _TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+# Host memory of each TPU machine type (cloud.google.com/tpu/docs/v6e, /v5e, /v5p: "machine type"
+# tables). GKE keeps part of it from pods (node allocatable, cloud.google.com/kubernetes-engine/docs/
+# concepts/plan-node-sizes#memory_and_cpu_reservations): 25% of the first 4 GiB, 20% of the next 4,
+# 10% of the next 8, 6% of the next 112, 2% above 128 GiB, plus the kubelet's 100 MiB eviction
+# threshold. The trainer's limit leaves TRAINER_MEMORY_HEADROOM_GIB of that to the GCS FUSE sidecar
+# and the node's daemons.
+_GKE_MEMORY_RESERVED = ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (float("inf"), 0.02))
+_EVICTION_THRESHOLD_GIB = 0.1
+TRAINER_MEMORY_HEADROOM_GIB = 8
 _ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 
 
@@ -24,6 +33,7 @@ class _Family:
     gke_accelerator: str
     machine_prefix: str  # machine type = f"{machine_prefix}-{chips_per_host}t"
     topologies: tuple[str, ...]
+    host_memory_gb: dict[int, int]  # chips per host -> the machine type's memory, GB as Google lists it
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -31,16 +41,19 @@ _FAMILIES: dict[str, _Family] = {
         gke_accelerator="tpu-v6e-slice",
         machine_prefix="ct6e-standard",
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+        host_memory_gb={1: 176, 4: 720},
     ),
     "v5e": _Family(
         gke_accelerator="tpu-v5-lite-podslice",
         machine_prefix="ct5lp-hightpu",
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+        host_memory_gb={1: 48, 4: 192},
     ),
     "v5p": _Family(
         gke_accelerator="tpu-v5p-slice",
         machine_prefix="ct5p-hightpu",
         topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4"),
+        host_memory_gb={4: 448},
     ),
 }
 
@@ -58,6 +71,21 @@ class SliceSpec:
     chips: int
     chips_per_host: int  # also the pod's `google.com/tpu` request
     hosts: int  # chips // chips_per_host
+    host_memory_gb: int  # the machine type's memory
+
+    @property
+    def trainer_memory_gib(self) -> int:
+        """The training container's memory limit (and request) on one host: what GKE leaves to
+        pods, less the headroom. Past it the kernel OOM-kills the trainer (exit 137: the run
+        fails, counted) before the node runs short and the kubelet evicts it with DisruptionTarget,
+        which a run restarts from without counting, again and again."""
+        left = self.host_memory_gb * 1e9 / 2**30
+        reserved = 0.0
+        for size, share in _GKE_MEMORY_RESERVED:
+            reserved += min(left, size) * share
+            left -= min(left, size)
+        allocatable = self.host_memory_gb * 1e9 / 2**30 - reserved - _EVICTION_THRESHOLD_GIB
+        return int(allocatable) - TRAINER_MEMORY_HEADROOM_GIB
 
     @property
     def multi_host(self) -> bool:
@@ -90,6 +118,7 @@ def slice_spec(accelerator: str, topology: str) -> SliceSpec:
         chips=chips,
         chips_per_host=chips_per_host,
         hosts=chips // chips_per_host,
+        host_memory_gb=family.host_memory_gb[chips_per_host],
     )
 
 

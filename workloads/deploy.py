@@ -21,25 +21,33 @@ from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_
 @dataclass(frozen=True, kw_only=True)
 class RunPlatform:
     """What every run's objects are applied with and after: the cluster's provider, the namespace
-    and both ServiceAccounts, the JobSet controller, `after` (e.g. the IAM bindings that let each
-    ServiceAccount's Google account mount the buckets) and, for training only, `training_after`
-    (e.g. the TPU pools and the Kueue queue)."""
+    and both ServiceAccounts, the JobSet controller, `webhooks`, `after` (e.g. the IAM bindings
+    that let each ServiceAccount's Google account mount the buckets) and, for training only,
+    `training_after` (e.g. the TPU pools and the Kueue queue).
+
+    `webhooks`: the controllers whose admission webhooks see every Job and pod of the namespace
+    and refuse them while they cannot answer (Kueue registers its Job and Pod webhooks with
+    failurePolicy Fail on every namespace but kube-system and kueue-system, and pulumi-kubernetes
+    retries a create only on NotFound or NoMatch). Every object waits for them (Kueue's Deployment
+    turns Ready once its webhook server listens: kueue v0.19.2 cmd/kueue/main.go
+    setupProbeEndpoints), and `pulumi destroy` deletes every object before them."""
 
     provider: k8s.Provider
     namespace: pulumi.Resource
     service_account: pulumi.Resource
     preparation_service_account: pulumi.Resource
     jobset_install: pulumi.Resource
+    webhooks: Sequence[pulumi.Resource] = ()
     after: Sequence[pulumi.Resource] = ()
     training_after: Sequence[pulumi.Resource] = ()
 
     @property
     def preparation_prerequisites(self) -> list[pulumi.Resource]:
-        return [self.namespace, self.preparation_service_account, *self.after]
+        return [self.namespace, self.preparation_service_account, *self.webhooks, *self.after]
 
     @property
     def training_prerequisites(self) -> list[pulumi.Resource]:
-        return [self.jobset_install, self.namespace, self.service_account, *self.after, *self.training_after]
+        return [self.jobset_install, self.namespace, self.service_account, *self.webhooks, *self.after, *self.training_after]
 
 
 def _apply(parent, name, obj, provider, *, depends_on, jobset=False, custom_timeouts=None) -> pulumi.Resource:

@@ -7,11 +7,15 @@ pool. Autopilot gets the same objects: pods find TPU nodes by the catalog's node
 pods select the node pools bound to it (spec.tpu_node_pools).
 
 Data before training: the data preparation Job writes its output with a marker file in it, renamed
-into place when complete (trainer.contract.PREPARED_MARKER_FILE). Every training pod starts with an init container that waits for that marker
-on its read-only data mount. This ordering holds for every shape (a batch/v1 Job has no JobSet
-`dependsOn`), however the objects are applied (`pulumi up` or `kubectl apply` of the rendered YAML),
-and after every restart (the marker is there: no wait). `pulumi up` additionally awaits the
-preparation Job before it creates the training objects, so a failed download fails the update.
+into place when complete (trainer.contract.PREPARED_MARKER_FILE). Every training container first
+waits for that marker on its read-only data mount, then execs the trainer. This ordering holds for
+every shape (a batch/v1 Job has no JobSet `dependsOn`), however the objects are applied (`pulumi up`
+or `kubectl apply` of the rendered YAML), and after every restart (the marker is there: no wait).
+The wait is in the trainer's container, not an init container, so a waiting pod is Ready: Kueue's
+waitForPodsReady (on by default since v0.19, 30 minutes: kueue v0.19.2 apis/config/v1beta2/
+defaults.go) would otherwise evict and requeue a queued run that waits longer for its data, and
+give back its flex-start nodes. `pulumi up` additionally awaits the preparation Job before it
+creates the training objects, so a failed download fails the update.
 
 Failure semantics (exit codes from trainer.contract, see spec.RETRYABLE_EXIT_CODES; the table
 in docs/workloads.md): a disruption (preemption, eviction, node shutdown: the pod's DisruptionTarget
@@ -26,7 +30,7 @@ from typing import Any
 
 from infra.accounts import namespace_object, service_account_object
 from infra.config import CACHE_HEADROOM_GIB
-from infra.queues import PRIORITY_LABEL, QUEUE_LABEL
+from infra.queues import MAX_RUN_ANNOTATION, PRIORITY_LABEL, QUEUE_LABEL
 from infra.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from trainer import contract
 from trainer.contract import TRAINER_UID
@@ -42,7 +46,6 @@ from workloads.spec import (
 )
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
-WAIT_CONTAINER = "wait-for-data"
 PREPARE_CONTAINER = "prepare"
 # JobSet failure-policy rule names match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: no hyphens
 # (the CRD's description of failurePolicy.rules[].name; the validating webhook enforces it).
@@ -125,22 +128,23 @@ def _pod_security(uid: int) -> dict[str, Any]:
 _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def _wait_for_data(spec: RunSpec) -> dict[str, Any]:
+# The image's entrypoint (trainer/Dockerfile), run once the prepared data is there.
+_TRAINER_COMMAND = ("python", "-m", "trainer")
+
+
+def _wait_then_train(spec: RunSpec) -> list[str]:
+    """The trainer container's command: wait for the prepared data's marker (exit USER_ERROR past
+    the preparation's deadline, naming the preparation Job), then exec the trainer with the
+    container's args."""
     give_up = (
         f"echo \"error: {spec.prepared_marker} did not appear within {PREPARE_DEADLINE_SECONDS} s: "
         f"see kubectl logs -n {spec.namespace} job/{spec.prepare_name}\" >&2; exit {contract.USER_ERROR}"
     )
     script = (
         f"timeout {PREPARE_DEADLINE_SECONDS} sh -c 'until [ -f \"$0\" ]; do sleep {_POLL_SECONDS}; done' "
-        f"{spec.prepared_marker} || {{ {give_up}; }}"
+        f"{spec.prepared_marker} || {{ {give_up}; }}; exec {' '.join(_TRAINER_COMMAND)} \"$@\""
     )
-    return {
-        "name": WAIT_CONTAINER,
-        "image": spec.image,
-        "command": ["sh", "-c", script],
-        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT, "readOnly": True}],
-        "securityContext": _CONTAINER_SECURITY,
-    }
+    return ["sh", "-c", script, TRAINER_CONTAINER]
 
 
 def _trainer_env(spec: RunSpec) -> list[dict[str, Any]]:
@@ -165,9 +169,12 @@ def _node_pool_affinity(pools: tuple[str, ...]) -> dict[str, Any]:
 
 def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
     resources = {"google.com/tpu": str(spec.chips_per_host), "ephemeral-storage": f"{spec.pod_disk_gib}Gi"}
+    if spec.trainer_memory_gib is not None:
+        resources["memory"] = f"{spec.trainer_memory_gib}Gi"  # see infra.tpu.SliceSpec.trainer_memory_gib
     trainer = {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
+        "command": _wait_then_train(spec),
         "args": list(spec.trainer_args),
         "env": _trainer_env(spec),
         "resources": {"requests": resources, "limits": resources},
@@ -189,7 +196,6 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             "nodeSelector": dict(spec.tpu_node_selector),
             **_node_pool_affinity(spec.tpu_node_pools),
             "securityContext": _pod_security(spec.trainer_uid),
-            "initContainers": [_wait_for_data(spec)],
             "containers": [trainer],
             "volumes": [
                 _fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
@@ -202,18 +208,15 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
 
 def _pod_failure_policy(on_disruption: str) -> dict[str, Any]:
     """A disrupted pod (DisruptionTarget: preempted, evicted, its node shut down or gone) gets
-    `on_disruption`, whatever its exit code; otherwise the Job fails at once when the trainer (or the
+    `on_disruption`, whatever its exit code; otherwise the Job fails at once when the trainer (or its
     data wait) exits with a non-retryable code. Rules are tried in order, the first match wins."""
     return {
         "rules": [
             {"action": on_disruption, "onPodConditions": [{"type": DISRUPTION_CONDITION, "status": "True"}]},
-            *(
-                {
-                    "action": "FailJob",
-                    "onExitCodes": {"containerName": container, "operator": "NotIn", "values": sorted(RETRYABLE_EXIT_CODES)},
-                }
-                for container in (TRAINER_CONTAINER, WAIT_CONTAINER)
-            ),
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": TRAINER_CONTAINER, "operator": "NotIn", "values": sorted(RETRYABLE_EXIT_CODES)},
+            },
         ]
     }
 
@@ -226,11 +229,17 @@ def _metadata(spec: RunSpec, name: str, component: str, annotations: dict[str, s
 
 
 def _queued(spec: RunSpec, training_object: dict[str, Any]) -> dict[str, Any]:
-    """A queued run is created suspended in its LocalQueue; Kueue starts it once the quota admits
-    all of its pods at once (and suspends it again if a higher priority run preempts it)."""
+    """A queued run names its LocalQueue and priority; Kueue's webhook creates it suspended
+    (jobframework ApplyDefaultForSuspend), starts it once the quota admits all of its pods at once
+    and suspends it again if a higher priority run preempts it. `spec.suspend` is Kueue's alone:
+    an object that set it would, once Kueue had started the run, conflict with Kueue's write on
+    the next server-side apply (a changed priority, say) and fail `pulumi up`. With queued
+    provisioning it also bounds how long GKE keeps the run's nodes (MAX_RUN_ANNOTATION)."""
     if spec.queue is not None:
         training_object["metadata"]["labels"] |= {QUEUE_LABEL: spec.queue, PRIORITY_LABEL: spec.priority_class}
-        training_object["spec"]["suspend"] = True
+    if spec.max_run_seconds is not None:
+        metadata = training_object["metadata"]
+        metadata["annotations"] = {**metadata.get("annotations", {}), MAX_RUN_ANNOTATION: str(spec.max_run_seconds)}
     return training_object
 
 

@@ -13,7 +13,8 @@ from typing import Literal
 
 from infra.config import RunConfig, StackConfig
 from infra.config.training import PreparationConfig, TrainingConfig, trainer_flags
-from infra.queues import LOCAL_QUEUE, priority_class_name
+from infra.config.slices import trainer_memory_gib
+from infra.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
 from infra.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
 from trainer.contract import PREPARED_MARKER_FILE, TRAINER_UID
@@ -85,6 +86,7 @@ class RunSpec:
     data_bucket: str
     data_cache_gib: int  # the file cache of the data mount in each training pod
     pod_disk_gib: int  # each training pod's ephemeral-storage request (cache volume and scratch)
+    trainer_memory_gib: int | None  # the trainer container's memory request and limit; None: Autopilot's own
     artifacts_bucket: str
     dataset: str  # https:// URL or gs:// path of the raw data (text, JSONL or Parquet)
     preparation_flags: tuple[str, ...]  # trainer.data.prepare's flags for how it reads the dataset
@@ -98,6 +100,7 @@ class RunSpec:
     trainer_uid: int  # the training pods' user: TRAINER_UID, or 0 with gemma-tpu:trainerRunsAsRoot
     queue: str | None  # the LocalQueue the run waits in (created suspended, Kueue starts it); None: not queued
     priority_class: str | None  # its WorkloadPriorityClass, with a queue
+    max_run_seconds: int | None  # with queued provisioning: how long GKE keeps the run's nodes
 
     @property
     def multislice(self) -> bool:
@@ -174,6 +177,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         data_bucket=config.data_bucket,
         data_cache_gib=config.data_cache_gib,
         pod_disk_gib=config.training_pod_disk_gib,
+        trainer_memory_gib=trainer_memory_gib(config.slice, config.cluster_mode),
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
         preparation_flags=tuple(run.preparation.flags()),
@@ -189,6 +193,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         trainer_uid=0 if config.trainer_runs_as_root else TRAINER_UID,
         queue=LOCAL_QUEUE if config.queue.enabled else None,
         priority_class=priority_class_name(run.priority) if config.queue.enabled else None,
+        max_run_seconds=FLEX_START_MAX_RUN_SECONDS if config.queued_provisioning else None,
     )
 
 

@@ -23,7 +23,8 @@ def read_queue(section: Section) -> tuple[bool, int | None]:
     return section.flag("enabled", False), section.integer("tpuQuota", None, minimum=1)
 
 
-def check_queue(section: Section, queue: QueueConfig, runs: tuple[RunConfig, ...], slice_spec: SliceSpec, capacity: int) -> None:
+def check_queue(section: Section, queue: QueueConfig, runs: tuple[RunConfig, ...], slice_spec: SliceSpec, capacity: int,
+                *, queued_provisioning: bool, run_list: bool) -> None:
     if len(runs) > 1 and not queue.enabled:
         raise ConfigError(
             f"{PROJECT}:runs holds {len(runs)} runs on one set of TPU pools; set {section.key('enabled')} true so that "
@@ -34,7 +35,16 @@ def check_queue(section: Section, queue: QueueConfig, runs: tuple[RunConfig, ...
             f"{section.key('tpuQuota')} is {queue.tpu_quota} chips, over the {capacity} chips the stack's TPU pools hold; "
             f"set at most {capacity} (or leave it unset: the pools' capacity)"
         )
-    for run in runs:
+    for index, run in enumerate(runs):
+        if queued_provisioning and run.slices > 1:
+            # Google documents queued provisioning of a multi-host slice (one node pool, COMPACT
+            # placement with the topology, the request's tpu-topology parameter: its TPU v6e
+            # example), not of several slices for one run.
+            key = f"{PROJECT}:runs[{index}].slices" if run_list else f"{PROJECT}:tpu.slices"
+            raise ConfigError(
+                f"{key} is {run.slices}, but queued provisioning (flex-start capacity behind the queue) brings "
+                "the nodes of one slice a run; set it to 1, or choose another capacity"
+            )
         needs = capacity_chips(slice_spec, run.slices)
         if needs > queue.tpu_quota:
             raise ConfigError(

@@ -78,6 +78,13 @@ def check_tpu(section: Section, config: TpuConfig, cluster_mode: str) -> SliceSp
     return slice_spec
 
 
+def trainer_memory_gib(slice_spec: SliceSpec, cluster_mode: str) -> int | None:
+    """Each training container's memory request and limit: the host's bound (SliceSpec) on
+    Standard; None on Autopilot, which sizes the node to the pod and sets every container's limit
+    to its request itself."""
+    return slice_spec.trainer_memory_gib if cluster_mode == "standard" else None
+
+
 def capacity_chips(slice_spec: SliceSpec, slices: int) -> int:
     """TPU chips `slices` slices of the shape hold: what a run of them requests, and a pool set's capacity."""
     return slice_spec.chips * slices

@@ -183,7 +183,8 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         runs = parse_runs(runs_value, training_section, tpu_config, slice_spec)
     capacity = capacity_chips(slice_spec, tpu_config.slices)
     queue = QueueConfig(enabled=queue_enabled, tpu_quota=capacity if tpu_quota is None else tpu_quota)
-    check_queue(queue_section, queue, runs, slice_spec, capacity)
+    check_queue(queue_section, queue, runs, slice_spec, capacity,
+                queued_provisioning=queue_enabled and tpu_config.capacity == "flex-start", run_list=runs_value is not None)
     serving = check_serving(serving_section, serving_request, runs)
     return StackConfig(
         stack=stack,

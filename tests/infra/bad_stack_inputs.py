@@ -247,6 +247,15 @@ CASES = (
                      "gemma-tpu:queue": QUEUED},
              error="gemma-tpu:cluster.version is 1.32, but flex-start TPU nodes through Kueue's queued provisioning need GKE "
                    "1.33.0-gke.1712000 or later; raise it or leave it unset (the release channel's default)"),
+    BadStack(case="a multislice run through queued provisioning",
+             config={"gemma-tpu:tpu": {**MULTISLICE, "capacity": "flex-start"}, "gemma-tpu:queue": QUEUED,
+                     "gemma-tpu:runs": [{"name": "small", "slices": 1}, {"name": "big"}]},
+             error="gemma-tpu:runs[1].slices is 2, but queued provisioning (flex-start capacity behind the queue) brings "
+                   "the nodes of one slice a run; set it to 1, or choose another capacity"),
+    BadStack(case="multislice through queued provisioning",
+             config={"gemma-tpu:tpu": {**MULTISLICE, "capacity": "flex-start"}, "gemma-tpu:queue": QUEUED},
+             error="gemma-tpu:tpu.slices is 2, but queued provisioning (flex-start capacity behind the queue) brings "
+                   "the nodes of one slice a run; set it to 1, or choose another capacity"),
     BadStack(case="notification channel that is an address", config={"gemma-tpu:monitoring": {"notificationChannels": ["me@example.com"]}},
              error="gemma-tpu:monitoring.notificationChannels holds 'me@example.com', not a channel such as "
                    "projects/PROJECT/notificationChannels/123; list yours with `gcloud beta monitoring channels list`"),

@@ -116,7 +116,8 @@ def test_each_run_of_the_list_is_its_own_suspended_workload_in_the_local_queue()
     assert queue["ClusterQueue"]["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "training"}}
     for run in runs:
         labels = run.inputs["metadata"]["labels"]
-        assert labels[QUEUE_LABEL] == LOCAL_QUEUE and run.inputs["spec"]["suspend"] is True
+        # Kueue's webhook creates it suspended; the stack leaves spec.suspend to Kueue.
+        assert labels[QUEUE_LABEL] == LOCAL_QUEUE and "suspend" not in run.inputs["spec"]
         assert labels[PRIORITY_LABEL] in queue, "a priority class the stack creates"
     by_run = {r.parent: r.inputs["metadata"]["labels"][PRIORITY_LABEL] for r in runs}
     value = {name: obj["value"] for name, obj in queue.items() if obj["kind"] == "WorkloadPriorityClass"}
@@ -188,9 +189,67 @@ def test_flex_start_behind_the_queue_is_queued_provisioning():
     check = queue["AdmissionCheck"]
     assert queue["ClusterQueue"]["spec"]["admissionChecksStrategy"] == {"admissionChecks": [{"name": check["metadata"]["name"]}]}
     assert check["spec"]["parameters"]["name"] == queue["ProvisioningRequestConfig"]["metadata"]["name"] == PROVISIONING_CHECK
-    assert queue["ProvisioningRequestConfig"]["spec"] == {"provisioningClassName": "queued-provisioning.gke.io", "managedResources": [TPU_RESOURCE]}
-    # The nodes' taint is tolerated through the flavor, which Kueue copies into admitted pods.
-    assert queue["ResourceFlavor"]["spec"]["tolerations"][0]["key"] == "cloud.google.com/gke-queued"
+    assert queue["ProvisioningRequestConfig"]["spec"] == {
+        "provisioningClassName": "queued-provisioning.gke.io", "managedResources": [TPU_RESOURCE], "parameters": {"tpu-topology": "2x4"}}
+
+
+# The taints of a queued provisioning TPU pool's nodes (GKE: every TPU node; queued provisioning's own).
+QUEUED_TPU_NODE_TAINTS = [
+    {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"},
+    {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"},
+]
+
+
+def tolerates(tolerations: list[dict], taint: dict) -> bool:
+    """Kubernetes' ToleratesTaint: same effect (or none), same key (or none with Exists), and
+    Exists or an Equal value."""
+    return any(
+        t.get("effect", taint["effect"]) == taint["effect"]
+        and t.get("key", taint["key"]) == taint["key"]
+        and (t.get("operator", "Equal") == "Exists" or t.get("value") == taint["value"])
+        for t in tolerations
+    )
+
+
+def test_the_provisioning_request_can_land_on_the_queued_tpu_nodes():
+    """Kueue builds the ProvisioningRequest's PodTemplate from the run's pod set and the flavor; GKE's
+    automatic google.com/tpu toleration applies to Pods, not to that template, so the flavor must
+    tolerate every taint of the nodes GKE is asked for (it once tolerated only gke-queued)."""
+    flavor = queue_group(previewed("queued").resources)["ResourceFlavor"]
+    for taint in QUEUED_TPU_NODE_TAINTS:
+        assert tolerates(flavor["spec"].get("tolerations", []), taint), taint
+    assert not tolerates([{"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"}],
+                         QUEUED_TPU_NODE_TAINTS[0]), "the flavor as it was"  # fmt: skip
+
+
+def test_queued_runs_bound_how_long_gke_keeps_their_flex_start_nodes():
+    """Kueue passes provreq.kueue.x-k8s.io/* annotations to the ProvisioningRequest; GKE keeps
+    flex-start nodes at most 7 days."""
+    for run in training_objects(previewed("queued").resources):
+        seconds = run.inputs["metadata"]["annotations"]["provreq.kueue.x-k8s.io/maxRunDurationSeconds"]
+        assert seconds == str(7 * 24 * 3600), run.name
+    for run in training_objects(preview(queued_values("multislice"), "multislice").resources):
+        assert "provreq.kueue.x-k8s.io/maxRunDurationSeconds" not in run.inputs["metadata"].get("annotations", {})
+
+
+def test_every_job_in_the_namespace_waits_for_kueue_to_serve_its_webhooks():
+    """Kueue's Job and Pod webhooks (failurePolicy Fail) refuse every Job of the namespace while its
+    controller is not Ready; pulumi-kubernetes does not retry that refusal. So the preparation Jobs
+    come after Kueue's install (and `pulumi destroy` deletes them before it), not only the runs."""
+    resources = previewed("queued").resources
+    install = one(resources, CONFIG_FILE, "kueue")
+    jobs = [r for r in of_type(resources, JOB) if r.name == "prepare-data"] + training_objects(resources)
+    assert len(jobs) == 5
+    for job in jobs:
+        assert install.urn in job.dependency_urns, (job.parent, job.name)
+
+
+def test_with_queued_provisioning_kueue_starts_after_the_pools():
+    """Kueue looks for the ProvisioningRequest API once, at start-up."""
+    resources = previewed("queued").resources
+    install = one(resources, CONFIG_FILE, "kueue")
+    pools = [r for r in of_type(resources, NODE_POOL) if r.parent == "tpu"]
+    assert pools and all(pool.urn in install.dependency_urns for pool in pools)
 
 
 def test_flex_start_without_the_queue_keeps_plain_flex_start_pools():

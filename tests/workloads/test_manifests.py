@@ -1,6 +1,9 @@
 """What the builders promise a user, stack by stack: the shape and size of the run, where its pods
 land, what happens when a pod fails, that data comes first, and what the trainer is told."""
 
+import json
+import re
+
 import pytest
 
 from infra import tpu
@@ -133,9 +136,15 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
     prep = manifests.preparation_job(spec)
     output = preparation_args(prep).output
     pod = training_pod(manifests.training(spec))
-    (init,) = pod["spec"]["initContainers"]
+    # No init container: a pod waiting for its data is Ready, so Kueue's waitForPodsReady (30
+    # minutes in v0.19, less than the preparation's deadline) does not requeue a queued run for it.
+    assert "initContainers" not in pod["spec"]
+    wait = container(pod, "trainer")["command"]
     assert PREPARED_MARKER_FILE == prepare.META_FILE  # the file trainer.data.prepare renames into place
-    assert f"{output}/{prepare.META_FILE}" in init["command"][-1]  # the init container polls exactly that file
+    assert wait[:2] == ["sh", "-c"] and f"{output}/{prepare.META_FILE}" in wait[2]  # it polls exactly that file
+    # ... then runs the image's entrypoint with the container's args.
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (.*)$", (REPO / "trainer" / "Dockerfile").read_text(), re.M).group(1))
+    assert wait[2].endswith(f'exec {" ".join(entrypoint)} "$@"')
     trainer_args = container(pod, "trainer")["args"]
     assert trainer_args[trainer_args.index("--data") + 1] == output
     # Both see the same bucket at the same path.

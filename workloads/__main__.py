@@ -25,7 +25,7 @@ from infra.errors import ConfigError
 from infra.queues import queue_objects
 from infra.stack_files import offline_values
 from trainer.contract import USER_ERROR
-from workloads import manifests
+from workloads import manifests, serving
 from workloads.spec import RunSpec, run_specs
 
 IMAGE_PLACEHOLDER = "${TRAINER_IMAGE}"
@@ -53,8 +53,9 @@ def render_specs(config: StackConfig) -> tuple[RunSpec, ...]:
 
 
 def stack_objects(config: StackConfig) -> list[dict[str, Any]]:
-    """Every Kubernetes object `pulumi up` applies for the stack's runs, in order."""
-    return manifests.all_objects(render_specs(config), queue_objects(config))
+    """Every Kubernetes object `pulumi up` applies for the stack's runs, in order, then its serving (docs/serving.md)."""
+    specs = render_specs(config)
+    return manifests.all_objects(specs, queue_objects(config)) + serving.stack_serving_objects(config, specs)
 
 
 def write(objects: list[dict[str, Any]], directory: pathlib.Path) -> list[pathlib.Path]:

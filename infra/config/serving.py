@@ -232,3 +232,20 @@ def _max_replicas(section: Section, request: _Request) -> int:
         )
     return request.max_replicas
 
+
+
+def docker_hub_path(image: str) -> str | None:
+    """The image's path on Docker Hub (`vllm/vllm-tpu:TAG@sha256:...`), None for another registry's
+    image: its first part names a host (a dot, a port or localhost) other than docker.io."""
+    first, _, rest = image.partition("/")
+    if first == "docker.io":
+        image, (first, _, rest) = rest, rest.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return None
+    return image if rest else f"library/{image}"
+
+
+def mirror_repository_id(cluster_name: str) -> str:
+    """The stack's Artifact Registry remote repository of Docker Hub, which the nodes pull a Docker
+    Hub image through: in the cluster's region, read with the registry's own role."""
+    return f"{cluster_name}-dockerhub"

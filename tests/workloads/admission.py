@@ -435,3 +435,7 @@ def _file_cache(at: str, pod: Obj, capacity: str | None) -> list[str]:
     elif size_limit is not None and not (_gib(capacity) or 0) < (_gib(size_limit) or 0):
         problems.append(f"{at}: file cache {capacity} must be smaller than its volume's sizeLimit {size_limit}")
     return problems
+
+
+# The serving objects' rules (Deployment, Service, PodMonitoring, HorizontalPodAutoscaler) register themselves.
+from tests.workloads import admission_serving  # noqa: E402,F401

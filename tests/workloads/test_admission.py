@@ -10,7 +10,7 @@ import pytest
 
 from infra import names, tpu
 from infra.errors import ConfigError
-from tests.workloads import admission
+from tests.workloads import admission, admission_serving
 from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config, training_pod
 from workloads import manifests
 from workloads.__main__ import stack_objects
@@ -205,7 +205,8 @@ def test_each_rule_refuses_an_object_that_breaks_it(case):
 
 
 def test_every_rule_has_a_test_that_breaks_it():
-    assert {rule_name for rule_name, _, _ in BREAKS.values()} == set(admission.RULES)
+    # The serving objects' rules are broken in tests/workloads/test_serving.py.
+    assert {rule_name for rule_name, _, _ in BREAKS.values()} == set(admission.RULES) - set(admission_serving.SERVING_RULES)
 
 
 @pytest.mark.parametrize(

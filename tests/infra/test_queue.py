@@ -157,6 +157,20 @@ def test_changing_one_run_changes_only_that_runs_object():
     assert changed == [("run-sweep-lr-3e-5", JOBSET, "training")]
 
 
+def test_changing_a_runs_priority_changes_only_its_priority_label():
+    """The same object (its name does not hold the priority: no new run, no replacement), its
+    priority label changed, which Kueue's webhook accepts on a running workload; and the object
+    holds no spec.suspend, which Kueue writes once it admits the run, so the server-side apply of
+    the change meets no conflict (tests/workloads/admission.py, kueue-queued-objects)."""
+    before = _by_urn(previewed("queued").resources)
+    after = _runs_edited(lambda runs: [{**runs[0], "priority": "low"}, *runs[1:]])
+    changed = [urn for urn in before if before[urn] != after[urn]]
+    assert changed == [("run-chat-sft", JOBSET, "training")]
+    old, new = before[changed[0]], after[changed[0]]
+    assert new["metadata"]["labels"] == {**old["metadata"]["labels"], PRIORITY_LABEL: "gemma-tpu-low"}
+    assert {**new, "metadata": None} == {**old, "metadata": None} and "suspend" not in new["spec"]
+
+
 def test_adding_a_run_adds_only_its_resources_and_removing_one_removes_only_it():
     before = _by_urn(previewed("queued").resources)
     added = _runs_edited(lambda runs: [*runs, {"name": "sweep-lr-1e-4", "priority": "low", "slices": 1, "learningRate": 0.0001}])

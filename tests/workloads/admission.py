@@ -20,6 +20,14 @@ Upstream sources, at the versions read:
   (custom cache volumes need fsGroup; the cache volume must be larger than the cache).
 - GoogleCloudPlatform/gcsfuse main (7b392927, 2026-08): cfg/params.yaml (its flags; unknown ones
   are refused).
+- kubernetes-sigs/kueue v0.19.2 (8eab6877): pkg/controller/jobframework/validation.go
+  (ValidateQueueName: the queue-name label is a DNS-1123 subdomain; the priority class label may
+  change on a running workload but not be added or removed), defaults.go (ApplyDefaultForSuspend:
+  the webhook suspends a queued object itself), reconciler.go (Kueue writes spec.suspend when it
+  admits or evicts), pkg/controller/admissionchecks/provisioning/provisioning.go (passProvReqParams:
+  provreq.kueue.x-k8s.io/* annotations become ProvisioningRequest parameters, at most 255
+  characters each: autoscaling.x-k8s.io/v1 Parameter); GKE's ProvisioningRequest docs
+  (maxRunDurationSeconds, whole seconds, at most 7 days).
 """
 
 import re
@@ -359,6 +367,45 @@ def _jobset_failure_policy(obj: Obj) -> list[str]:
             for target in policy_rule.get("targetReplicatedJobs", [])
             if target not in rjobs
         ]
+    return problems
+
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+_PROVREQ_PREFIX = "provreq.kueue.x-k8s.io/"
+_PROVREQ_PARAMETER_MAX = 255
+_MAX_RUN_SECONDS = 7 * 24 * 3600
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@rule("kueue-queued-objects")
+def _kueue_queued(obj: Obj) -> list[str]:
+    """A Job or JobSet in a LocalQueue: queue and priority class labels that name objects (DNS-1123
+    subdomains); no spec.suspend of its own (Kueue's webhook sets it, Kueue's controller flips it,
+    and an object that set it too would conflict with Kueue's write on the next server-side apply,
+    such as a changed priority); provreq annotations that GKE can take as parameters."""
+    if obj.get("kind") not in ("Job", "JobSet"):
+        return []
+    metadata = obj.get("metadata", {})
+    labels, annotations = metadata.get("labels", {}), metadata.get("annotations", {})
+    problems = []
+    for key in (QUEUE_LABEL, PRIORITY_LABEL):
+        if key in labels and (len(labels[key]) > 253 or not _DNS1123_SUBDOMAIN.match(labels[key])):
+            problems.append(f"{_label(obj)}: label {key}={labels[key]!r} is not an object name (DNS-1123 subdomain)")
+    if PRIORITY_LABEL in labels and QUEUE_LABEL not in labels:
+        problems.append(f"{_label(obj)}: label {PRIORITY_LABEL} without {QUEUE_LABEL}: Kueue does not manage it")
+    if QUEUE_LABEL in labels and "suspend" in obj.get("spec", {}):
+        problems.append(f"{_label(obj)}: a queued object sets spec.suspend, which Kueue owns once it admits the run: "
+                        "the next server-side apply would conflict with Kueue")
+    for key, value in annotations.items():
+        if not key.startswith(_PROVREQ_PREFIX):
+            continue
+        if QUEUE_LABEL not in labels:
+            problems.append(f"{_label(obj)}: annotation {key} on an object Kueue does not queue reaches no ProvisioningRequest")
+        if not isinstance(value, str) or len(value) > _PROVREQ_PARAMETER_MAX:
+            problems.append(f"{_label(obj)}: annotation {key} must be a string of at most {_PROVREQ_PARAMETER_MAX} characters")
+        elif key == f"{_PROVREQ_PREFIX}maxRunDurationSeconds" and not (value.isdigit() and 0 < int(value) <= _MAX_RUN_SECONDS):
+            problems.append(f"{_label(obj)}: {key}={value!r} must be whole seconds, at most {_MAX_RUN_SECONDS} (7 days)")
     return problems
 
 

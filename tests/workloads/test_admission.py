@@ -191,6 +191,15 @@ BREAKS = {
         lambda o: training_pod(o)["spec"]["securityContext"].pop("fsGroup")),
     "FUSE volumes without the sidecar annotation": ("gcs-fuse-volumes", "dev",
         lambda o: training_pod(o)["metadata"]["annotations"].pop("gke-gcsfuse/volumes")),
+    "a queued run that sets spec.suspend (a defect the builders once had)": ("kueue-queued-objects", "queued",
+        lambda o: o["spec"].update(suspend=True)),
+    "a queue name that is no object name": ("kueue-queued-objects", "queued",
+        lambda o: o["metadata"]["labels"].update({admission.QUEUE_LABEL: "TPU queue"})),
+    "a priority without a queue": ("kueue-queued-objects", "queued", lambda o: o["metadata"]["labels"].pop(admission.QUEUE_LABEL)),
+    "a max run duration past flex-start's 7 days": ("kueue-queued-objects", "queued",
+        lambda o: o["metadata"]["annotations"].update({"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "1209600"})),
+    "a max run duration that is not whole seconds": ("kueue-queued-objects", "queued",
+        lambda o: o["metadata"]["annotations"].update({"provreq.kueue.x-k8s.io/maxRunDurationSeconds": "7d"})),
 }  # fmt: skip
 
 

@@ -99,6 +99,27 @@ def test_disruptions_restart_uncounted_errors_and_oom_fail_at_once_and_retry_me_
     assert failure_events.fate(run, failure) == failure.outcome
 
 
+# GKE's node allocatable (the machine's memory less 25% of the first 4 GiB, 20% of the next 4, 10% of
+# the next 8, 6% of the next 112, 2% above 128 and the 100 MiB eviction threshold), less 8 GiB for
+# the FUSE sidecar and the node's daemons: e.g. 720 GB = 670.6 GiB - 20.2 - 0.1 = 650 -> 642 GiB.
+TRAINER_MEMORY_GIB = {"ct6e-standard-1t": 145, "ct6e-standard-4t": 642, "ct5lp-hightpu-1t": 32,
+                      "ct5lp-hightpu-4t": 160, "ct5p-hightpu-4t": 394}  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", tpu.catalog(), ids=lambda s: f"{s.accelerator}-{s.topology}")
+def test_on_standard_the_trainer_is_oom_killed_before_its_node_runs_short_of_memory(spec):
+    """A node-pressure eviction carries DisruptionTarget, which restarts a run uncounted: were the
+    trainer what fills the node, it would restart forever. Its memory limit (and request, so the
+    kubelet evicts it last) is below what GKE leaves to pods; past it the trainer is OOM-killed and
+    the run fails, counted (see the table). Autopilot sets each container's limit itself."""
+    tpu_keys = {"accelerator": spec.accelerator, "topology": spec.topology}
+    standard = training_pod(manifests.training(spec_of(edited_config("dev", tpu=tpu_keys))))
+    resources = container(standard, "trainer")["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == f"{TRAINER_MEMORY_GIB[spec.machine_type]}Gi"
+    autopilot = training_pod(manifests.training(spec_of(edited_config("autopilot", tpu=tpu_keys))))
+    assert "memory" not in container(autopilot, "trainer")["resources"]["limits"]
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_restarts_are_capped_and_pods_have_time_to_checkpoint(stack):
     config = stack_config(stack)

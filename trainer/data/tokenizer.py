@@ -27,6 +27,8 @@ def official_tokenizer_path() -> str:
 
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+_SPECIAL_PIECES = 4  # the four ids above
+_BYTE_PIECES = 256  # byte fallback: a piece for every byte value
 # Bounds the memory of tokenizer training on a large corpus; a few hundred thousand lines are plenty.
 _MAX_TRAINING_LINES = 300_000
 
@@ -51,13 +53,40 @@ def _row_lines(corpus_path: pathlib.Path, data_format: str):
         yield from (line.strip() for line in text.splitlines() if line.strip())
 
 
+class _SeenLines:
+    """The training lines as SentencePiece reads them, counted, with the characters they use: what
+    explains a corpus SentencePiece cannot train on."""
+
+    def __init__(self, lines):
+        self._lines, self.count, self.characters = lines, 0, set()
+
+    def __iter__(self):
+        for line in self._lines:
+            self.count += 1
+            self.characters.update(line)
+            yield line
+
+    def why_untrainable(self, error: RuntimeError, vocab_size: int) -> str:
+        if not self.count:
+            return "no usable rows: every row is empty or invalid"
+        # Every character is a piece of its own, beside the byte pieces and the special ones.
+        if len(self.characters) + _BYTE_PIECES + _SPECIAL_PIECES > vocab_size:
+            return f"{len(self.characters)} distinct characters, each of which needs a piece"
+        return "SentencePiece: " + str(error).splitlines()[0].rpartition("] ")[2]
+
+
 def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: int = 0,
                     data_format: str = formats.AUTO) -> pathlib.Path:
     """Trains a BPE SentencePiece model with byte fallback on the lines of `corpus_path` (the
     document separator left out) and writes it to `output_path`. The same corpus and seed give
     the same file. For chat data (`data_format` auto on a chat file, or a chat format) the turn
     markers are single pieces and text is kept as written (no space added before it, whitespace
-    not normalised), so that chat pieces tokenized apart join into the rendered conversation."""
+    not normalised), so that chat pieces tokenized apart join into the rendered conversation.
+
+    `vocab_size` is an upper bound: a small corpus with a small vocabulary has fewer distinct
+    merges than that, and the model then has as many pieces as the corpus supports. A corpus it
+    cannot train on (no usable rows, more distinct characters than the pieces hold) is a UserError
+    that names --tokenizer."""
     corpus_path, output_path = pathlib.Path(corpus_path), pathlib.Path(output_path)
     if not corpus_path.is_file():
         raise UserError(f"{corpus_path}: corpus file not found; pass an existing text file to train a tokenizer")
@@ -71,23 +100,29 @@ def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: in
             options = dict(user_defined_symbols=list(chat.TURN_TOKENS), normalization_rule_name="identity",
                            add_dummy_prefix=False, remove_extra_whitespaces=False)
     spm.set_random_generator_seed(seed)
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines,
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type="bpe",
-        byte_fallback=True,
-        character_coverage=1.0,
-        pad_id=PAD_ID,
-        eos_id=EOS_ID,
-        bos_id=BOS_ID,
-        unk_id=UNK_ID,
-        input_sentence_size=_MAX_TRAINING_LINES,
-        shuffle_input_sentence=True,
-        minloglevel=2,
-        **options,
-    )
+    model, seen = io.BytesIO(), _SeenLines(lines)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(seen),
+            model_writer=model,
+            vocab_size=vocab_size,
+            hard_vocab_limit=False,  # fewer pieces where the corpus has fewer merges to learn
+            model_type="bpe",
+            byte_fallback=True,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            bos_id=BOS_ID,
+            unk_id=UNK_ID,
+            input_sentence_size=_MAX_TRAINING_LINES,
+            shuffle_input_sentence=True,
+            minloglevel=2,
+            **options,
+        )
+    except RuntimeError as error:
+        raise UserError(f"{corpus_path}: cannot train a tokenizer of at most {vocab_size} pieces on it "
+                        f"({seen.why_untrainable(error, vocab_size)}); pass --tokenizer PATH, a SentencePiece model with "
+                        "PAD id 0 and EOS and BOS ids that covers this data") from None
     with replaced_atomically(output_path) as temporary:
         temporary.write_bytes(model.getvalue())
     return output_path
@@ -96,7 +131,7 @@ def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: in
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
     """A loaded SentencePiece model. `sha256` identifies the file, so prepared data can be checked
-    against the tokenizer a run is given."""
+    against the tokenizer a run is given; `model_bytes` is the file, for an export to copy."""
 
     path: str
     vocab_size: int
@@ -105,6 +140,7 @@ class Tokenizer:
     bos_id: int
     sha256: str
     processor: spm.SentencePieceProcessor = dataclasses.field(repr=False, compare=False)
+    model_bytes: bytes = dataclasses.field(repr=False, compare=False)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without BOS or EOS."""
@@ -143,4 +179,5 @@ def load_tokenizer(path) -> Tokenizer:
         bos_id=processor.bos_id(),
         sha256=hashlib.sha256(model_bytes).hexdigest(),
         processor=processor,
+        model_bytes=model_bytes,
     )

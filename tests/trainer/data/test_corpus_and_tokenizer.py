@@ -1,5 +1,8 @@
 """The generated corpus looks like TinyStories to the loader; the tokenizer has Gemma's special ids."""
 
+import json
+import random
+
 import numpy as np
 import pytest
 
@@ -54,3 +57,27 @@ def test_load_tokenizer_names_a_missing_or_non_sentencepiece_file(tmp_path):
     not_a_model.write_text("this is not a SentencePiece model\n")
     with pytest.raises(UserError, match="notes.model: not a SentencePiece model"):
         load_tokenizer(not_a_model)
+
+
+def _chat_file(path, contents):
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": user},
+                                                     {"role": "model", "content": model}]}) + "\n"
+                            for user, model in contents), encoding="utf-8")
+    return path
+
+
+def test_chat_with_more_distinct_characters_than_pieces_is_one_line_naming_tokenizer(tmp_path):
+    """900 CJK characters do not fit a 512-piece tokenizer beside its 256 byte pieces."""
+    rng = random.Random(0)
+    say = lambda: "".join(chr(0x4E00 + rng.randrange(900)) for _ in range(12))  # noqa: E731
+    path = _chat_file(tmp_path / "cjk.jsonl", [(say(), say()) for _ in range(300)])
+    with pytest.raises(UserError, match=r"cjk.jsonl: cannot train a tokenizer of at most 512 pieces on it \(9\d\d distinct "
+                                        r"characters, each of which needs a piece\); pass --tokenizer PATH"):
+        train_tokenizer(path, tmp_path / "cjk.model", vocab_size=512)
+    assert not (tmp_path / "cjk.model").exists()
+
+
+def test_a_file_without_one_usable_row_is_one_line_naming_tokenizer(tmp_path):
+    path = _chat_file(tmp_path / "empty.jsonl", [("hello", "")])  # no model turn to train on
+    with pytest.raises(UserError, match=r"empty.jsonl: cannot train a tokenizer .*\(no usable rows.*; pass --tokenizer PATH"):
+        train_tokenizer(path, tmp_path / "empty.model", vocab_size=512)

@@ -1,7 +1,8 @@
 """Strict validators: built-in kinds with kubernetes-validate (Kubernetes 1.32), the JobSet with
 its CRD's v1alpha2 `openAPIV3Schema` turned into a JSON Schema that rejects unknown fields, and
 the Kueue kinds (kueue.x-k8s.io, v1beta2 where the CRDs serve it) the same way, plus the few CEL
-and webhook rules of Kueue that a quota or flavor written by hand most easily breaks."""
+and webhook rules of Kueue that a quota or flavor written by hand most easily breaks, and the
+references between the Kueue objects (and the runs) that Kueue needs to exist."""
 
 import pathlib
 import re
@@ -182,7 +183,16 @@ def kueue_rule_errors(obj: dict[str, Any]) -> list[str]:
             preemption.get("borrowWithinCohort") or {}
         ).get("policy", "Never") != "Never":
             errors.append("preemption: reclaimWithinCohort=Never and borrowWithinCohort.Policy!=Never")
+    if obj["kind"] == "ClusterQueue":
+        errors += _label_problems("spec.namespaceSelector.matchLabels", (spec.get("namespaceSelector") or {}).get("matchLabels", {}))
     if obj["kind"] == "ResourceFlavor":
+        # pkg/webhooks/resourceflavor_webhook.go: ValidateLabels on nodeLabels, validateTolerations.
+        errors += _label_problems("spec.nodeLabels", spec.get("nodeLabels", {}))
+        for t in spec.get("tolerations", []):
+            if "key" in t and not _QUALIFIED_NAME.match(t["key"]):
+                errors.append(f"spec.tolerations: key {t['key']!r} is not a qualified name")
+            if "value" in t and not _LABEL_VALUE.match(t["value"]):
+                errors.append(f"spec.tolerations: value {t['value']!r} is not a label value")
         if "topologyName" in spec and not spec.get("nodeLabels"):
             errors.append("spec: at least one nodeLabel is required when topology is set")
         taints = [(t["key"], t["effect"]) for t in spec.get("nodeTaints", [])]
@@ -195,6 +205,68 @@ def kueue_rule_errors(obj: dict[str, Any]) -> list[str]:
                 errors.append("spec.tolerations: a value must be empty when 'operator' is 'Exists'")
             if "tolerationSeconds" in t and t.get("effect") != "NoExecute":
                 errors.append("spec.tolerations: effect must be 'NoExecute' when 'tolerationSeconds' is set")
+    return errors
+
+
+# apimachinery validation.go: IsQualifiedName (label keys, toleration keys), IsValidLabelValue.
+_QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+def _label_problems(where: str, labels: dict[str, str]) -> list[str]:
+    return [f"{where}: {key}={value!r} is not a label (qualified name = label value)"
+            for key, value in labels.items() if not _QUALIFIED_NAME.match(key) or not _LABEL_VALUE.match(value)]  # fmt: skip
+
+
+def kueue_reference_errors(objects: list[dict[str, Any]]) -> list[str]:
+    """What makes Kueue leave a queue inactive or a run unqueued, across the objects applied
+    together (kueue v0.19.2): a ClusterQueue whose flavors or admission checks do not exist is
+    inactive (pkg/cache/scheduler/clusterqueue.go inactiveReason: FlavorNotFound,
+    AdmissionCheckNotFound); a provisioning AdmissionCheck whose parameters are not a
+    kueue.x-k8s.io ProvisioningRequestConfig that exists is inactive (pkg/util/admissioncheck
+    refValidForGK, "BadParametersRef"); a LocalQueue of a missing ClusterQueue admits nothing
+    (localqueue_controller.go "ClusterQueueDoesNotExist"), nor one whose ClusterQueue's
+    namespaceSelector leaves out its namespace; a Job or JobSet names a LocalQueue of its own
+    namespace and a WorkloadPriorityClass that exist (jobframework: no Workload otherwise)."""
+    by_kind: dict[str, dict[tuple[str | None, str], dict[str, Any]]] = {}
+    for obj in objects:
+        metadata = obj["metadata"]
+        by_kind.setdefault(obj["kind"], {})[(metadata.get("namespace"), metadata["name"])] = obj
+
+    def exists(kind: str, name: str, namespace: str | None = None) -> bool:
+        return (namespace, name) in by_kind.get(kind, {})
+
+    errors = []
+    for (_, name), cq in by_kind.get("ClusterQueue", {}).items():
+        spec = cq["spec"]
+        errors += [f"ClusterQueue {name}: ResourceFlavor {f['name']} does not exist"
+                   for group in spec.get("resourceGroups", []) for f in group["flavors"] if not exists("ResourceFlavor", f["name"])]  # fmt: skip
+        errors += [f"ClusterQueue {name}: AdmissionCheck {check['name']} does not exist"
+                   for check in (spec.get("admissionChecksStrategy") or {}).get("admissionChecks", [])
+                   if not exists("AdmissionCheck", check["name"])]  # fmt: skip
+    for (_, name), check in by_kind.get("AdmissionCheck", {}).items():
+        parameters = check["spec"].get("parameters") or {}
+        if check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request" and not (
+            parameters.get("apiGroup") == "kueue.x-k8s.io" and parameters.get("kind") == "ProvisioningRequestConfig"
+            and exists("ProvisioningRequestConfig", parameters.get("name", ""))
+        ):
+            errors.append(f"AdmissionCheck {name}: parameters {parameters} are no ProvisioningRequestConfig of the stack")
+    for (namespace, name), queue in by_kind.get("LocalQueue", {}).items():
+        cq = by_kind.get("ClusterQueue", {}).get((None, queue["spec"]["clusterQueue"]))
+        if cq is None:
+            errors.append(f"LocalQueue {namespace}/{name}: ClusterQueue {queue['spec']['clusterQueue']} does not exist")
+            continue
+        selector = (cq["spec"].get("namespaceSelector") or {}).get("matchLabels", {})
+        if selector and selector != {"kubernetes.io/metadata.name": namespace}:
+            errors.append(f"LocalQueue {namespace}/{name}: ClusterQueue {cq['metadata']['name']} does not select its namespace")
+    for kind in ("Job", "JobSet"):
+        for (namespace, name), job in by_kind.get(kind, {}).items():
+            labels = job["metadata"].get("labels", {})
+            queue, priority = labels.get("kueue.x-k8s.io/queue-name"), labels.get("kueue.x-k8s.io/priority-class")
+            if queue is not None and not exists("LocalQueue", queue, namespace):
+                errors.append(f"{kind} {namespace}/{name}: LocalQueue {queue} does not exist in its namespace")
+            if priority is not None and not exists("WorkloadPriorityClass", priority):
+                errors.append(f"{kind} {namespace}/{name}: WorkloadPriorityClass {priority} does not exist")
     return errors
 
 

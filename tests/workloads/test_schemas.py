@@ -9,6 +9,7 @@ from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_confi
 from tests.workloads.schemas import (
     KUEUE_GROUP,
     jobset_validator,
+    kueue_reference_errors,
     kueue_rule_errors,
     kueue_validators,
     validate_builtin,
@@ -73,6 +74,49 @@ def test_the_queue_objects_meet_kueues_webhook_rules_even_without_its_crds(capac
     broken = next(obj for obj in objects if obj["kind"] == "ClusterQueue")
     broken["spec"]["resourceGroups"][0]["flavors"][0]["resources"].reverse()
     assert "in order" in kueue_rule_errors(broken)[0]
+
+
+def _references_broken(edit) -> list[str]:
+    objects = copy.deepcopy(stack_objects(stack_config("queued")))
+    edit({(obj["kind"], obj["metadata"]["name"]): obj for obj in objects})
+    return kueue_reference_errors(objects)
+
+
+@pytest.mark.parametrize("capacity", ["on-demand", "flex-start"])
+def test_every_kueue_reference_of_a_queued_stack_resolves(capacity):
+    assert kueue_reference_errors(stack_objects(edited_config("queued", tpu={"capacity": capacity}))) == []
+
+
+def _first(objects, kind):
+    return next(obj for (k, _), obj in objects.items() if k == kind)
+
+
+# (what breaks, how, a word of the error)
+REFERENCE_BREAKS = {
+    "a flavor the queue does not name": (lambda o: _first(o, "ResourceFlavor")["metadata"].update(name="v6e-2x4"), "ResourceFlavor"),
+    "a check of another kind": (lambda o: _first(o, "AdmissionCheck")["spec"]["parameters"].update(kind="ConfigMap"), "parameters"),
+    "a check the queue names, gone": (lambda o: _first(o, "AdmissionCheck")["metadata"].update(name="dws"), "AdmissionCheck flex-start"),
+    "a local queue of another ClusterQueue": (lambda o: _first(o, "LocalQueue")["spec"].update(clusterQueue="team"), "ClusterQueue team"),
+    "a local queue in a namespace the queue does not select":
+        (lambda o: _first(o, "LocalQueue")["metadata"].update(namespace="research"), "does not"),
+    "a run's priority the stack does not create":
+        (lambda o: _first(o, "JobSet")["metadata"]["labels"].update({"kueue.x-k8s.io/priority-class": "urgent"}), "urgent"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE_BREAKS))
+def test_each_broken_kueue_reference_is_found(case):
+    edit, message = REFERENCE_BREAKS[case]
+    errors = _references_broken(edit)
+    assert errors and any(message in error for error in errors), errors
+
+
+def test_kueue_labels_and_tolerations_are_valid_labels():
+    config = edited_config("queued")
+    flavor = next(obj for obj in stack_objects(config) if obj["kind"] == "ResourceFlavor")
+    flavor["spec"]["tolerations"][1]["value"] = "present!"
+    flavor["spec"]["nodeLabels"]["cloud.google.com/gke tpu"] = "x"
+    assert len(kueue_rule_errors(flavor)) == 2
 
 
 def test_builtin_validation_catches_a_misspelt_field():

@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from infra.component import Component, service_account_member
 from infra.config import StackConfig
+from infra.config.cluster import CPU_POOL_NODES
 from infra.names import CPU_POOL_NAME
 from infra.network import StackNetwork
 
@@ -30,7 +31,6 @@ RELEASE_CHANNEL = "REGULAR"
 NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
 # The CPU pool (infra.names.CPU_POOL_NAME): controllers (JobSet) and data preparation, never on TPU hosts.
 CPU_MACHINE_TYPE = "e2-standard-4"
-CPU_POOL_NODES = (1, 3)  # autoscaling min, max
 # The first occurrence the weekly maintenance window recurs from: any past Monday.
 _MAINTENANCE_ANCHOR = "2025-01-06"
 _RFC3339 = "%Y-%m-%dT%H:%M:%SZ"

@@ -4,6 +4,7 @@ import ipaddress
 import itertools
 from dataclasses import dataclass
 
+from infra.config.cluster import CPU_POOL_NODES
 from infra.config.sections import Section
 from infra.errors import ConfigError
 
@@ -59,6 +60,31 @@ def parse_network(section: Section) -> NetworkConfig:
                           f"existing network: the secondary ranges of {subnetwork} for pods and services")
     return NetworkConfig(name=name, subnetwork=subnetwork, node_cidr="", pod_cidr="", service_cidr="",
                          pod_range_name=pod_range, service_range_name=service_range)  # fmt: skip
+
+
+# GKE gives each node of a Standard cluster a /24 of the pod range (110 pods a node, the default:
+# cloud.google.com/kubernetes-engine/docs/concepts/alias-ips#cluster_sizing), and a subnet's
+# primary range loses four addresses to Google Cloud (cloud.google.com/vpc/docs/subnets#reserved_ip_addresses_in_every_subnet).
+_NODE_POD_PREFIX = 24
+_SUBNET_RESERVED_ADDRESSES = 4
+
+
+def check_network_size(section: Section, network: NetworkConfig, *, tpu_pools: int, hosts_per_pool: int) -> None:
+    """A Standard cluster's own ranges hold its nodes at their largest (the CPU pool's and the TPU
+    pools' maximum, one surge node a pool during an upgrade): a node address each, and a /24 of pod
+    addresses each. Past that the autoscaler cannot add a TPU host and a slice never comes up whole."""
+    if not network.owned:
+        return
+    nodes = CPU_POOL_NODES[1] + 1 + tpu_pools * (hosts_per_pool + 1)
+    node_range, pod_range = ipaddress.ip_network(network.node_cidr), ipaddress.ip_network(network.pod_cidr)
+    pod_blocks = 2 ** (_NODE_POD_PREFIX - pod_range.prefixlen) if pod_range.prefixlen <= _NODE_POD_PREFIX else 0
+    if pod_blocks < nodes:
+        raise ConfigError(f"{section.key('podCidr')} {pod_range} holds pod ranges for {pod_blocks} nodes (a /24 each), but the "
+                          f"stack's node pools reach {nodes} nodes; give it a /{_NODE_POD_PREFIX - (nodes - 1).bit_length()} or larger")
+    addresses = node_range.num_addresses - _SUBNET_RESERVED_ADDRESSES
+    if addresses < nodes:
+        raise ConfigError(f"{section.key('nodeCidr')} {node_range} holds {addresses} node addresses, but the stack's node pools "
+                          f"reach {nodes} nodes; give it a /{32 - (nodes + _SUBNET_RESERVED_ADDRESSES - 1).bit_length()} or larger")
 
 
 def _check_cidrs(section: Section, cidrs: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from infra.config.cluster import CLUSTER_MODES, ClusterAccess, check_cluster_version, parse_access
 from infra.config.monitoring import MonitoringConfig, parse_monitoring
-from infra.config.network import NetworkConfig, parse_network
+from infra.config.network import NetworkConfig, check_network_size, parse_network
 from infra.config.queue import QueueConfig, check_queue, read_queue
 from infra.config.runs import RunConfig, check_run, parse_runs
 from infra.config.sections import PROJECT, Section, check_dns_label
@@ -168,6 +168,8 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     if not re.fullmatch(rf"{re.escape(region)}-[a-z]", zone):
         raise ConfigError(f"gcp:zone {zone!r} is not in gcp:region {region!r}; use a zone such as {region}-b")
     slice_spec = check_tpu(tpu_section, tpu_config, cluster_mode)
+    if cluster_mode == "standard":
+        check_network_size(network_section, network, tpu_pools=tpu_config.slices, hosts_per_pool=slice_spec.hosts)
     check_buckets(storage, data_bucket, artifacts_bucket)
     if any(c.isspace() for c in image):
         raise ConfigError(f"{PROJECT}:image {image!r} is not an image URI; leave it empty to build trainer/")

@@ -178,6 +178,12 @@ CASES = (
     BadStack(case="overlapping ranges", config={"gemma-tpu:network": {"podCidr": "10.0.0.0/14"}},
              error="gemma-tpu:network.nodeCidr 10.0.0.0/20 overlaps gemma-tpu:network.podCidr 10.0.0.0/14; give them "
              "disjoint ranges"),
+    BadStack(case="a pod range too small for the nodes", config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:network": {"podCidr": "10.4.0.0/22"}},
+             error="gemma-tpu:network.podCidr 10.4.0.0/22 holds pod ranges for 4 nodes (a /24 each), but the stack's node "
+             "pools reach 10 nodes; give it a /20 or larger"),
+    BadStack(case="a node range too small for the nodes", config={"gemma-tpu:network": {"nodeCidr": "10.0.0.0/29"}},
+             error="gemma-tpu:network.nodeCidr 10.0.0.0/29 holds 4 node addresses, but the stack's node pools reach 6 nodes; "
+             "give it a /28 or larger"),
     BadStack(case="public node range", config={"gemma-tpu:network": {"nodeCidr": "8.8.0.0/20"}},
              error="gemma-tpu:network.nodeCidr is '8.8.0.0/20'; use a private IPv4 range (10/8, 172.16/12, 192.168/16)"),
     BadStack(case="control plane open to the internet", config={"gemma-tpu:cluster": {"authorizedNetworks": ["0.0.0.0/0"]}},

@@ -3,6 +3,7 @@
 the stack's node pools and its gemma-tpu:monitoring config."""
 
 import json
+import re
 
 import pytest
 
@@ -281,3 +282,47 @@ def test_the_run_events_metric_counts_the_training_jobsets_events_by_reason():
     assert not filters.matches(metric.filter, _event("Job", "gemma-finetune-0123abcd-slice-0", "PodFailurePolicy"))
     assert not filters.matches(metric.filter, _event("JobSet", "gemma-finetune-0123abcd", "FailedJobs", namespace="other"))
     assert not filters.matches(metric.filter, _event("JobSet", "other-run-0123abcd", "FailedJobs"))
+
+
+# Limits of the Monitoring and Logging APIs that the schema-free pulumi inputs do not show
+# (cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies: MetricAbsence.duration
+# "minimum 120 seconds", larger values whole minutes; cloud.google.com/monitoring/quotas: 6
+# conditions a policy, user labels of at most 63 lowercase letters, digits, '_' and '-';
+# cloud.google.com/logging/quotas and LogMetric.name: at most 10 labels a metric, names of at
+# most 100 of A-Z a-z 0-9 _-.,+!*',()%/ , label keys starting with a letter).
+_ABSENCE_MIN_S = 120
+_CONDITIONS_MAX = 6
+_USER_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_USER_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_LOG_METRIC_NAME = re.compile(r"^[A-Za-z0-9_\-.,+!*',()%/]{1,100}$")
+_LOG_LABEL_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,99}$")
+_LOG_LABELS_MAX = 10
+
+
+def _seconds(duration: str) -> int:
+    assert re.fullmatch(r"\d+s", duration), duration
+    return int(duration[:-1])
+
+
+@pytest.mark.parametrize("stack", SHIPPED_STACKS)
+def test_alert_policies_and_log_metrics_keep_within_the_apis_limits(stack):
+    resources = previewed(stack).resources
+    for name, policy in policies(resources).items():
+        assert len(policy["conditions"]) <= _CONDITIONS_MAX, name
+        assert all(_USER_LABEL.match(k) and _USER_LABEL_VALUE.match(v) for k, v in policy["userLabels"].items()), name
+        for condition in policy["conditions"]:
+            if "conditionAbsent" in condition:
+                seconds = _seconds(condition["conditionAbsent"]["duration"])
+                assert seconds >= _ABSENCE_MIN_S and seconds % 60 == 0, name
+            else:
+                assert _seconds(condition["conditionThreshold"]["duration"]) % 60 == 0, name
+    for metric in of_type(resources, LOG_METRIC):
+        labels = metric.inputs["metricDescriptor"].get("labels", [])
+        assert _LOG_METRIC_NAME.match(metric.inputs["name"]) and len(labels) <= _LOG_LABELS_MAX, metric.name
+        assert all(_LOG_LABEL_KEY.match(label["key"]) for label in labels), metric.name
+
+
+def test_the_shortest_idle_window_the_config_allows_is_an_absence_the_api_takes():
+    """gemma-tpu:monitoring.idleNodesMinutes' floor (5) is above MetricAbsence's 120 s."""
+    (policy,) = [p for p in of_type(with_monitoring("dev", idleNodesMinutes=5), ALERT_POLICY) if p.name == "idle-tpu-nodes"]
+    assert _seconds(policy.inputs["conditions"][1]["conditionAbsent"]["duration"]) == 300 >= _ABSENCE_MIN_S

@@ -34,8 +34,10 @@ def _generated_configs():
         tpu_keys = {"accelerator": spec.accelerator, "topology": spec.topology, "slices": slices, "capacity": capacity}
         if capacity == "reservation":
             tpu_keys["reservation"] = "projects/team-project/reservations/shared-v6e"
+        # A /12 of pod ranges: 16 slices of 64 hosts are more nodes than the default /14 holds.
         yield f"{spec.accelerator}-{spec.topology}x{slices}-{mode}-{capacity}", edited_config(
-            "dev", cluster={"mode": mode}, tpu=tpu_keys, training={"runName": longest, "batchSize": 16 * slices * spec.hosts}
+            "dev", cluster={"mode": mode}, tpu=tpu_keys, training={"runName": longest, "batchSize": 16 * slices * spec.hosts},
+            network={"podCidr": "10.16.0.0/12"},
         )
 
 

@@ -11,7 +11,9 @@ from infra.jobset import JOBSET_VERSION
 from infra.kueue import KUEUE_VERSION
 from infra.platform import Platform, build
 from infra.pricing import tpu_cost_per_hour
+from infra.serving import ServingInfra
 from workloads.deploy import RunPlatform, TrainingRun, training_runs
+from workloads.serve import ServingDeployment
 
 
 def deploy_runs(platform: Platform) -> list[TrainingRun]:
@@ -92,7 +94,23 @@ def export_outputs(platform: Platform, runs: list[TrainingRun]) -> None:
         pulumi.export("dashboardUrl", platform.monitoring.dashboard_url)
 
 
+def deploy_serving(platform: Platform, runs: list[TrainingRun]) -> None:
+    """gemma-tpu:serving: its pool, identity and image mirror, then vLLM on the served run's export,
+    and the outputs that reach it (docs/serving.md)."""
+    config = platform.config
+    cloud = ServingInfra("serving", config, platform.cluster, platform.identity, platform.buckets,
+                         after=platform.apis.services, opts=pulumi.ResourceOptions(providers=[platform.gcp_provider]))  # fmt: skip
+    (run,) = [run for run_config, run in zip(config.runs, runs) if run_config.name == config.serving.run]
+    served = ServingDeployment("serving", config=config, run=run, provider=platform.kubernetes_provider,
+                               after=[platform.namespace, cloud.identity.service_account, *cloud.ready])  # fmt: skip
+    pulumi.export("serving", served.commands.apply(lambda commands: {**commands, "model": config.serving.run}))
+    pulumi.export("servingSmoke", served.smoke if served.smoke is not None else "no replicas: scale up to get an answer")
+
+
 def declare_stack(config: StackConfig) -> None:
     """The whole stack: the platform, then what runs on it, then the outputs."""
     platform = build(config)
-    export_outputs(platform, deploy_runs(platform))
+    runs = deploy_runs(platform)
+    export_outputs(platform, runs)
+    if config.serving is not None:
+        deploy_serving(platform, runs)

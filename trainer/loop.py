@@ -142,7 +142,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             checkpointer.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sample(state))
-    export_final(workdir, state, frozen)
+    export_final(workdir, state, frozen, model_config=model_config, tokenizer=inputs.tokenizer)
     if is_main:
         plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
     return final_metrics
@@ -172,11 +172,12 @@ def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
         if config.tokenizer is None and config.model == models.TINY and not pathlib.Path(tokenizer_path).exists():
             tokenizer_lib.train_tokenizer(data_source, tokenizer_path, vocab_size=DEMO_VOCAB_SIZE, seed=config.seed,
                                           data_format=config.data_format)
-        return data_lib.open_data(data_source, tokenizer_path=tokenizer_path, cache_dir=str(workdir / "data_cache"),
-                                  data_format=config.data_format, loss_on=config.loss_on, on_bad_row=config.on_bad_row)
+        tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)  # the run's one load: everything after gets it
+        return tokenizer, data_lib.open_data(data_source, tokenizer=tokenizer, cache_dir=str(workdir / "data_cache"),
+                                             data_format=config.data_format, loss_on=config.loss_on,
+                                             on_bad_row=config.on_bad_row)
 
-    data = mesh.process_zero_first(f"the inputs in {workdir}", make_and_open)
-    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+    tokenizer, data = mesh.process_zero_first(f"the inputs in {workdir}", make_and_open)
     return Inputs(data=data, tokenizer=tokenizer, data_source=data_source, tokenizer_path=tokenizer_path)
 
 
@@ -333,7 +334,7 @@ class _StepLoop:
             jax.profiler.stop_trace()
 
 
-def export_final(workdir: pathlib.Path, state, frozen) -> None:
+def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer) -> None:
     """WORKDIR/export/params: a plain Gemma tree for gm.ckpts.load_params (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
     Hugging Face directory (bfloat16) that serving stacks load. A failed HF export only warns: the
@@ -347,7 +348,7 @@ def export_final(workdir: pathlib.Path, state, frozen) -> None:
     merged = models.merge_lora_into_base(step.model_params(state["params"], base))
     checkpoint.export_params(merged, export_dir / "params")
     try:
-        export.write_final_export(export_dir / "hf", workdir, merged)
+        export.write_final_export(export_dir / "hf", merged, model_config=model_config, tokenizer=tokenizer)
     except (OSError, UserError) as error:
         checkpoint.print_warning(f"{export_dir / 'hf'}: the Hugging Face export failed ({error}); the weights are in "
                                  f"{export_dir / 'params'}: run python -m trainer.hf.export --run {workdir} --format hf --out DIR")

@@ -19,12 +19,12 @@ from typing import Any
 
 from infra.accounts import service_account_object
 from infra.config import StackConfig
-from infra.config.serving import docker_hub_path, mirror_repository_id
+from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
+from infra.names import NODE_POOL_LABEL
 from workloads.manifests import _CONTAINER_SECURITY, SKIP_AWAIT, _fuse_volume, _labels, _pod_metadata, _pod_security
 from workloads.spec import RunSpec
 
-SERVING_NAME = "vllm"  # the Deployment, its Service, ServiceAccount and PodMonitoring
 SERVING_PORT = 8000
 SERVER_CONTAINER = "vllm"
 WAIT_CONTAINER = "wait-for-export"
@@ -44,7 +44,7 @@ _XLA_CACHE_GIB = 20
 _SHM = "16Gi"  # vLLM's worker processes share tensors through /dev/shm
 _ROOT = 0  # the vLLM image runs as root (its caches live under /root); every capability is dropped
 _WAIT_LOG_SECONDS = 60
-_SMOKE_DEADLINE_SECONDS = STARTUP_SECONDS + 30 * 60  # the pool's node coming up, then the start-up
+SMOKE_DEADLINE_SECONDS = STARTUP_SECONDS + 30 * 60  # the pool's node coming up, then the start-up
 _SMOKE_PROMPT = "Say hello in one short sentence."
 # The export's folder is read-only and never changes once written: cache its metadata for good, but
 # not a lookup that found nothing, so the wait sees config.json appear (gcsfuse
@@ -88,11 +88,6 @@ class ServingSpec:
         return f"http://{SERVING_NAME}.{self.namespace}.svc:{SERVING_PORT}"
 
 
-def serving_account_id(config: StackConfig) -> str:
-    """The serving pods' Google service account (within STACK_NAME_MAX as the others are)."""
-    return f"{config.cluster_name}-serve"
-
-
 def served_image(config: StackConfig) -> str:
     """gemma-tpu:serving.image, through the stack's remote repository when it is a Docker Hub image."""
     path = docker_hub_path(config.serving.image)
@@ -104,17 +99,20 @@ def served_image(config: StackConfig) -> str:
 def serving_spec(config: StackConfig, run: RunSpec) -> ServingSpec:
     """The serving of `run` (the RunSpec of config.serving.run)."""
     serving = config.serving
+    # Standard: the serving pool by name (training pods of the same shape go to theirs); Autopilot
+    # provisions a node from the selectors alone.
+    pool = {NODE_POOL_LABEL: SERVING_POOL} if config.cluster_mode == "standard" else {}
     return ServingSpec(
         namespace=config.namespace,
         service_account=SERVING_NAME,
-        google_service_account=f"{serving_account_id(config)}@{config.project}.iam.gserviceaccount.com",
+        google_service_account=f"{serving_account_id(config.cluster_name)}@{config.project}.iam.gserviceaccount.com",
         image=served_image(config),
         served_model=serving.run,
         artifacts_bucket=config.artifacts_bucket,
         export_dir=f"{run.run_dir}/export",
         adapter_rank=serving.lora_rank,
         chips=serving.slice.chips,
-        node_selector={**serving.slice.node_selector, **CAPACITY_SELECTORS[serving.capacity]},
+        node_selector={**serving.slice.node_selector, **CAPACITY_SELECTORS[serving.capacity], **pool},
         replicas=serving.replicas,
         max_replicas=serving.max_replicas,
         queue_depth=serving.queue_depth,
@@ -205,6 +203,7 @@ def deployment(spec: ServingSpec) -> dict[str, Any]:
         "spec": {
             "serviceAccountName": spec.service_account,
             "nodeSelector": dict(spec.node_selector),
+            "tolerations": [{**SERVING_TAINT, "operator": "Equal", "effect": "NoSchedule"}],
             "securityContext": _pod_security(_ROOT),
             "initContainers": [_wait_for_export(spec)],
             "containers": [_server(spec)],
@@ -314,7 +313,7 @@ def smoke_job(spec: ServingSpec) -> dict[str, Any]:
         "metadata": _metadata(spec, f"{SERVING_NAME}-smoke", "smoke"),
         "spec": {
             "backoffLimit": 2,
-            "activeDeadlineSeconds": _SMOKE_DEADLINE_SECONDS,
+            "activeDeadlineSeconds": SMOKE_DEADLINE_SECONDS,
             "template": {
                 "metadata": {"labels": _labels("smoke", f"{SERVING_NAME}-smoke")},
                 "spec": {"restartPolicy": "Never", "securityContext": _pod_security(_ROOT), "containers": [container]},

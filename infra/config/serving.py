@@ -18,6 +18,11 @@ from infra.errors import ConfigError
 from infra.tpu import SliceSpec
 from trainer.measure.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
 
+SERVING_NAME = "vllm"  # the Deployment, its Service, PodMonitoring and Kubernetes ServiceAccount
+SERVING_POOL = "tpu-serving"  # the serving slice's node pool (Standard clusters)
+# The serving pool's taint, which only the serving pods tolerate: a training pod of the same slice
+# shape selects the same node labels and would otherwise land on (or scale up) a serving node.
+SERVING_TAINT = {"key": "gemma-tpu/serving", "value": "true"}
 LORA_MODES = ("merged", "adapter")  # the run's merged export, or the base with its PEFT adapter (--enable-lora)
 SERVING_CAPACITIES = ("on-demand", "spot")
 # vllm/config/lora.py (vLLM 0.11, 01230b40): LoRAConfig.max_lora_rank is one of these; an adapter of a
@@ -249,3 +254,8 @@ def mirror_repository_id(cluster_name: str) -> str:
     """The stack's Artifact Registry remote repository of Docker Hub, which the nodes pull a Docker
     Hub image through: in the cluster's region, read with the registry's own role."""
     return f"{cluster_name}-dockerhub"
+
+
+def serving_account_id(cluster_name: str) -> str:
+    """The serving pods' Google service account: as long as the training one, so within STACK_NAME_MAX."""
+    return f"{cluster_name}-serve"

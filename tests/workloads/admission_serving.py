@@ -143,3 +143,17 @@ def _autoscaler(obj: Obj) -> list[str]:
             if goal.get("type") != "AverageValue" or "averageValue" not in goal:
                 problems.append(f"{where}: a Pods metric's target must be an AverageValue with averageValue set")
     return problems
+
+
+def validate_pod_monitoring(obj: Obj) -> None:
+    """Stands in for a schema (../shared/schemas has none for monitoring.googleapis.com): raises
+    jsonschema.ValidationError for a field the CRD does not have or a value it refuses, and checks
+    the metadata as the ObjectMeta of a built-in kind."""
+    import jsonschema
+
+    from tests.workloads.schemas import validate_builtin
+
+    problems = _pod_monitoring(obj)
+    if problems:
+        raise jsonschema.ValidationError("; ".join(problems))
+    validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})

@@ -6,9 +6,12 @@ import pytest
 
 from infra import tpu
 from infra.config import parse_stack_config
+from infra.config.serving import SERVING_POOL
 from infra.preview import preview
-from tests.workloads.conftest import STACKS, container, spec_of, stack_values, training_pod
+from tests.workloads.conftest import IMAGE, STACKS, container, spec_of, stack_values, training_pod
 from workloads import manifests
+from workloads.serving import stack_serving_objects
+from workloads.spec import run_specs
 
 TPU_MACHINE_TYPES = {s.machine_type for s in tpu.catalog()}
 
@@ -34,7 +37,8 @@ def _check_consistent(values, stack):
     replicas = 1 if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["replicas"]
     pods_per_slice = 1 if run["kind"] == "Job" else run["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"]
 
-    pools = [p for p in _inputs_by_type(resources, "gcp:container/nodePool:NodePool") if p["nodeConfig"]["machineType"] in TPU_MACHINE_TYPES]
+    pools = [p for p in _inputs_by_type(resources, "gcp:container/nodePool:NodePool")
+             if p["nodeConfig"]["machineType"] in TPU_MACHINE_TYPES and p["name"] != SERVING_POOL]  # serving: tests/infra/test_serving.py
     if config.cluster_mode == "autopilot":
         assert pools == []  # GKE provisions from the pods' selectors alone
     else:
@@ -58,7 +62,8 @@ def _check_consistent(values, stack):
     (namespace,) = _inputs_by_type(resources, "kubernetes:core/v1:Namespace")
     accounts = _inputs_by_type(resources, "kubernetes:core/v1:ServiceAccount")
     assert manifests.namespace(spec) == namespace
-    assert _by_name(manifests.service_accounts(spec)) == _by_name(accounts)
+    serving_accounts = [obj for obj in stack_serving_objects(config, run_specs(config, image=IMAGE)) if obj["kind"] == "ServiceAccount"]
+    assert _by_name(manifests.service_accounts(spec) + serving_accounts) == _by_name(accounts)
     buckets = {b["name"] for b in _inputs_by_type(resources, "gcp:storage/bucket:Bucket")}
     assert {spec.data_bucket, spec.artifacts_bucket} == buckets
 

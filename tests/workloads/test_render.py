@@ -9,7 +9,8 @@ import yaml
 from infra.queues import queue_objects
 from tests.workloads.conftest import REPO, STACKS, stack_config
 from trainer.contract import USER_ERROR
-from workloads.__main__ import IMAGE_PLACEHOLDER, main
+from workloads.__main__ import IMAGE_PLACEHOLDER, main, render_specs
+from workloads.serving import stack_serving_objects
 
 
 def test_render_multislice_writes_the_done_when_jobset(tmp_path, capsys):
@@ -36,6 +37,7 @@ def test_render_prints_plain_yaml_for_every_stack(stack, capsys):
     kinds = [obj["kind"] for obj in yaml.safe_load_all(text)]
     config = stack_config(stack)
     datasets = {run.training.dataset for run in config.runs}
+    kinds = kinds[: len(kinds) - len(stack_serving_objects(config, render_specs(config)))]  # last: tests/workloads/test_serving.py
     # The namespace, 2 ServiceAccounts, the queue, a preparation per dataset and each run's training object.
     assert kinds[:3] == ["Namespace", "ServiceAccount", "ServiceAccount"]
     assert len(kinds) == 3 + len(queue_objects(config)) + len(datasets) + len(config.runs)

@@ -5,6 +5,7 @@ import copy
 import jsonschema
 import pytest
 
+from tests.workloads.admission_serving import validate_pod_monitoring
 from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config
 from tests.workloads.schemas import (
     KUEUE_GROUP,
@@ -39,6 +40,8 @@ def validate(obj, request):
         validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
     elif _is_kueue(obj):
         validate_kueue(obj, request.getfixturevalue("kueue_schemas"))  # skips without Kueue's CRDs
+    elif obj["kind"] == "PodMonitoring":  # gemma-tpu:serving's
+        validate_pod_monitoring(obj)
     else:
         validate_builtin(obj)
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from infra.config.serving import mirror_repository_id
+from infra.config.serving import mirror_repository_id, serving_account_id
 from tests.workloads.admission import violations
-from tests.workloads.admission_serving import SERVING_RULES
+from tests.workloads.admission_serving import SERVING_RULES, validate_pod_monitoring
 from tests.workloads.conftest import container, edited_config, spec_of
 from tests.workloads.schemas import validate_builtin
 from workloads import serving
@@ -47,8 +47,7 @@ def pod(serving_spec) -> dict:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_serving_object_passes_its_schema_and_the_admission_rules(variant):
     for obj in serving.serving_objects(spec(VARIANTS[variant])):
-        if obj["kind"] != "PodMonitoring":  # no schema at hand: tests.workloads.admission_serving checks its fields
-            validate_builtin(obj)
+        (validate_pod_monitoring if obj["kind"] == "PodMonitoring" else validate_builtin)(obj)
         assert violations(obj) == [], obj["kind"]
 
 
@@ -167,7 +166,7 @@ def test_the_google_account_is_within_the_stack_name_limit():
 
     config = serving_config()
     longest = config.cluster_name.replace(config.stack, "s" * STACK_NAME_MAX)
-    assert len(serving.serving_account_id(config).replace(config.cluster_name, longest)) <= 30
+    assert len(serving_account_id(longest)) <= 30
 
 
 BREAKS = [

@@ -1,0 +1,89 @@
+"""What serving (gemma-tpu:serving) needs from the cloud: a TPU node pool of the serving slice that
+sits at zero nodes until a replica asks for one, a Google account that may only read the artifacts
+bucket, acting as the serving pods' ServiceAccount, and, for a Docker Hub image, an Artifact
+Registry remote repository of Docker Hub that the nodes pull it through (from the cluster's region,
+as they pull the trainer)."""
+
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.cluster import CLOUD_PLATFORM_SCOPE, GkeCluster, gke_metadata
+from infra.component import Component, service_account_member
+from infra.config import StackConfig
+from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
+from infra.identity import READ_ROLE, PodIdentity, TrainingIdentity
+from infra.storage import Buckets
+
+
+
+class ServingInfra(Component):
+    """`pool` (None on Autopilot, which provisions from the pods' selectors), `identity` (PodIdentity)
+    and `mirror` (None unless the image is on Docker Hub); `ready` is what the serving objects wait for."""
+
+    def __init__(self, name: str, config: StackConfig, cluster: GkeCluster, identity: TrainingIdentity, buckets: Buckets, *,
+                 after: Sequence[pulumi.Resource] = (), opts=None):  # fmt: skip
+        super().__init__("ServingInfra", name, after=after, opts=opts)
+        serving = config.serving
+        self.pool = self._pool(config, cluster) if config.cluster_mode == "standard" else None
+        # One binding only: objectViewer on the artifacts bucket, where the runs' exports are.
+        self.identity: PodIdentity = identity._pod_identity(
+            "serving", account_id=serving_account_id(config.cluster_name), description="Serving pods", service_account=SERVING_NAME,
+            grants=(("reads-artifacts", buckets.artifacts, READ_ROLE),),
+        )  # fmt: skip
+        self.mirror = None
+        pulls: list[pulumi.Resource] = []
+        if docker_hub_path(serving.image) is not None:
+            self.mirror = gcp.artifactregistry.Repository(
+                "docker-hub",
+                gcp.artifactregistry.RepositoryArgs(
+                    repository_id=mirror_repository_id(config.cluster_name),
+                    location=config.region,
+                    format="DOCKER",
+                    mode="REMOTE_REPOSITORY",
+                    description=f"Docker Hub images (vLLM) of the {config.stack} stack, cached beside the cluster",
+                    remote_repository_config=gcp.artifactregistry.RepositoryRemoteRepositoryConfigArgs(
+                        description="Docker Hub",
+                        docker_repository=gcp.artifactregistry.RepositoryRemoteRepositoryConfigDockerRepositoryArgs(
+                            public_repository="DOCKER_HUB"
+                        ),
+                    ),
+                ),
+                opts=self.child(),
+            )
+            pulls.append(gcp.artifactregistry.RepositoryIamMember(
+                "nodes-pull-docker-hub",
+                gcp.artifactregistry.RepositoryIamMemberArgs(
+                    repository=self.mirror.repository_id, location=config.region, role="roles/artifactregistry.reader",
+                    member=service_account_member(cluster.node_service_account),
+                ),
+                opts=self.child(),
+            ))  # fmt: skip
+        self.ready: list[pulumi.Resource] = [*([self.pool] if self.pool else []), *self.identity.bindings, *pulls]
+        self.register_outputs({"pool": self.pool.name if self.pool else None, "account": self.identity.google_service_account.email})
+
+    def _pool(self, config: StackConfig, cluster: GkeCluster) -> gcp.container.NodePool:
+        """One single-host slice a replica, from zero nodes up to the most replicas there can be."""
+        serving = config.serving
+        return gcp.container.NodePool(
+            SERVING_POOL,
+            gcp.container.NodePoolArgs(
+                name=SERVING_POOL,
+                cluster=cluster.cluster.name,
+                location=config.cluster_location,
+                node_locations=[config.zone],
+                initial_node_count=0,
+                autoscaling=gcp.container.NodePoolAutoscalingArgs(total_min_node_count=0, total_max_node_count=max(1, serving.max_replicas)),
+                management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+                node_config=gcp.container.NodePoolNodeConfigArgs(
+                    machine_type=serving.slice.machine_type,
+                    service_account=cluster.node_service_account.email,
+                    oauth_scopes=[CLOUD_PLATFORM_SCOPE],
+                    workload_metadata_config=gke_metadata(),
+                    spot=serving.capacity == "spot" or None,
+                    taints=[gcp.container.NodePoolNodeConfigTaintArgs(**SERVING_TAINT, effect="NO_SCHEDULE")],
+                ),
+            ),
+            opts=self.child(*cluster.ready),
+        )

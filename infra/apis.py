@@ -11,6 +11,7 @@ SERVICES = (
     "cloudresourcemanager.googleapis.com",  # project IAM bindings
     "compute.googleapis.com",
     "container.googleapis.com",
+    "containerfilesystem.googleapis.com",  # image streaming on the node pools (infra.cluster)
     "iam.googleapis.com",
     "iamcredentials.googleapis.com",  # Workload Identity token exchange
     "logging.googleapis.com",  # log-based metrics (infra.monitoring)

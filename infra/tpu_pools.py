@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.cluster import CLOUD_PLATFORM_SCOPE, GkeCluster, gke_metadata
+from infra.cluster import CLOUD_PLATFORM_SCOPE, NODE_IMAGE, GkeCluster, gke_metadata, image_streaming
 from infra.component import Component
 from infra.config import StackConfig
 from infra.names import tpu_pool_names
@@ -54,6 +54,8 @@ class TpuPools(Component):
                 management=gcp.container.NodePoolManagementArgs(auto_repair=not flex_start, auto_upgrade=True),
                 node_config=gcp.container.NodePoolNodeConfigArgs(
                     machine_type=spec.machine_type,
+                    image_type=NODE_IMAGE,
+                    gcfs_config=image_streaming(),
                     service_account=cluster.node_service_account.email,
                     oauth_scopes=[CLOUD_PLATFORM_SCOPE],
                     workload_metadata_config=gke_metadata(),

@@ -55,7 +55,7 @@ COMMON = {
     "gemma-tpu:infra:JobSetController": 1,
     "gemma-tpu:infra:TrainerImage": 1,
     "gemma-tpu:workloads:TrainingRun": 1,
-    SERVICE: 9,
+    SERVICE: 10,
     "gcp:serviceaccount/account:Account": 3,  # nodes, training, data preparation
     "gcp:projects/iAMMember:IAMMember": 1,  # the node account's roles/container.defaultNodeServiceAccount
     CLUSTER: 1,
@@ -117,6 +117,19 @@ def test_tpu_pools_have_the_slice_shape(stack):
         assert pool.inputs["nodeConfig"]["serviceAccount"] == nodes_email(stack)
         if stack != "queued":  # flex-start: tests/infra/test_queue.py
             assert not {"spot", "flexStart", "reservationAffinity"} & set(pool.inputs["nodeConfig"])  # on-demand
+
+
+@pytest.mark.parametrize("stack", STANDARD_STACKS)
+def test_every_node_pool_streams_the_trainer_image_from_the_stacks_registry(stack):
+    """GKE image streaming (cloud.google.com/kubernetes-engine/docs/how-to/image-streaming): the node
+    pool's gcfsConfig on a COS containerd image, the Container File System API enabled, and the
+    image in Artifact Registry: a new TPU host starts the trainer before its image is all there."""
+    resources = previewed(stack).resources
+    for pool in of_type(resources, NODE_POOL):
+        assert pool.inputs["nodeConfig"]["gcfsConfig"] == {"enabled": True}, pool.name
+        assert pool.inputs["nodeConfig"]["imageType"] == "COS_CONTAINERD", pool.name
+    assert "containerfilesystem.googleapis.com" in {s.inputs["service"] for s in of_type(resources, SERVICE)}
+    assert previewed(stack).outputs["registryUrl"].startswith("us-east5-docker.pkg.dev/")
 
 
 @pytest.mark.parametrize("stack", STANDARD_STACKS)

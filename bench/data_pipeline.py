@@ -69,7 +69,7 @@ def prepare_scaling(inputs: inputs_lib.BenchInputs, workdir: pathlib.Path, megab
         output = workdir / f"prepared-{megabytes}MB-{workers}w"
         shutil.rmtree(output, ignore_errors=True)
         start = time.perf_counter()
-        prepare(text, inputs.tokenizer.path, output, workers=workers)
+        prepare(text, inputs.tokenizer, output, workers=workers)
         rate = size_mb / (time.perf_counter() - start)
         single = single or rate
         print(f"  workers {workers}: {rate:6.1f} MB/s ({rate / single:.2f}x one worker)")
@@ -90,10 +90,11 @@ def prepare_chat(workdir: pathlib.Path, megabytes: int) -> None:
     output = workdir / f"prepared-chat-{megabytes}MB"
     shutil.rmtree(output, ignore_errors=True)
     start = time.perf_counter()
-    meta = prepare(rows, tokenizer_path, output, workers=workers)
+    tokenizer = load_tokenizer(tokenizer_path)
+    meta = prepare(rows, tokenizer, output, workers=workers)
     seconds = time.perf_counter() - start
     print(f"[prepare chat] {size_mb:.0f} MB of JSONL chat rows ({meta['data_format']}, loss on {meta['loss_on']}), "
-          f"tokenizer {load_tokenizer(tokenizer_path).vocab_size} pieces, {workers} workers: "
+          f"tokenizer {tokenizer.vocab_size} pieces, {workers} workers: "
           f"{meta['documents'] / seconds:,.0f} rows/s, {meta['tokens'] / seconds:,.0f} tokens/s, {size_mb / seconds:.1f} MB/s "
           f"({meta['documents']:,} rows, {meta['tokens']:,} tokens, {seconds:.0f} s)")
     shutil.rmtree(output)

@@ -39,8 +39,9 @@ def build_inputs(workdir, *, stories: int = loop.DEMO_STORIES, seed: int = 0) ->
         write_corpus(corpus_path, num_stories=stories, seed=seed)
     if not tokenizer_path.exists():
         train_tokenizer(corpus_path, tokenizer_path, vocab_size=loop.DEMO_VOCAB_SIZE, seed=seed)
-    data = data_lib.open_data(str(corpus_path), tokenizer_path=str(tokenizer_path), cache_dir=str(workdir / "prepared"))
-    return BenchInputs(corpus_path=corpus_path, tokenizer=load_tokenizer(tokenizer_path), data=data)
+    tokenizer = load_tokenizer(tokenizer_path)
+    data = data_lib.open_data(str(corpus_path), tokenizer=tokenizer, cache_dir=str(workdir / "prepared"))
+    return BenchInputs(corpus_path=corpus_path, tokenizer=tokenizer, data=data)
 
 
 def length_distribution(inputs: BenchInputs, seq_len: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import sys
 import time
 
@@ -20,6 +21,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from gemma import gm
 
+from trainer import shared_files
 from trainer.errors import UserError
 
 # What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
@@ -170,11 +172,31 @@ class Checkpointer:
 
 
 def export_params(params, path: str | pathlib.Path) -> str:
-    """Writes params where `gm.ckpts.load_params(path)` reads them (overwriting an earlier export)."""
-    path = absolute_path(path)
-    if path.exists() and jax.process_index() == 0:
-        path.rmtree()
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(f"export {path}")
-    gm.ckpts.save_params(params, path, wait_until_finished=True)
+    """Writes params where `gm.ckpts.load_params(path)` reads them, replacing an earlier export only
+    once the new one is whole. `path` is local (a bucket through its FUSE mount). Orbax saves
+    collectively, so every process writes its shards under one temporary name that process 0 drew;
+    process 0 then renames it into place (trainer.shared_files)."""
+    path = pathlib.Path(os.path.abspath(path))
+    temporary = path.with_name(f".{path.name}.partial-{_agreed_token()}")
+    is_main = jax.process_index() == 0
+    try:
+        gm.ckpts.save_params(params, temporary, wait_until_finished=True)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"exported {temporary}")
+        if is_main:
+            shared_files.replace_directory(path, temporary)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"export {path}")
+    finally:
+        if is_main:  # what a failed save left: the temporary, or Orbax's own temporary beside it
+            for leftover in path.parent.glob(f"{temporary.name}*"):
+                shutil.rmtree(leftover)
     return str(path)
+
+
+def _agreed_token() -> str:
+    """A random hex token, the same in every process of the job (process 0's)."""
+    token = np.frombuffer(os.urandom(8), np.int32)
+    if jax.process_count() > 1:
+        token = multihost_utils.broadcast_one_to_all(token)
+    return np.asarray(token).tobytes().hex()

@@ -40,6 +40,19 @@ def replaced_atomically(path) -> Iterator[pathlib.Path]:
             temporary.unlink()
 
 
+def replace_directory(path: pathlib.Path, complete: pathlib.Path) -> None:
+    """Renames the complete directory `complete` to `path`. An earlier `path` (the job's own earlier
+    output) is renamed aside first and removed after: a directory cannot be renamed over one that
+    holds files, and a reader never finds part of either."""
+    if not path.exists():
+        os.replace(complete, path)
+        return
+    earlier = temporary_sibling(path)
+    os.replace(path, earlier)
+    os.replace(complete, path)
+    shutil.rmtree(earlier)
+
+
 def write_text_atomically(path, text: str) -> None:
     with replaced_atomically(path) as temporary:
         temporary.write_text(text, encoding="utf-8")

@@ -36,21 +36,29 @@ def tokenizer_path(trainer_inputs_dir, corpus_path) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def prepared_dir(trainer_inputs_dir, corpus_path, tokenizer_path) -> pathlib.Path:
+def tokenizer(tokenizer_path):
+    """The corpus's tokenizer, loaded (`trainer.data.tokenizer.Tokenizer`)."""
+    from trainer.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(tokenizer_path)
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(trainer_inputs_dir, corpus_path, tokenizer) -> pathlib.Path:
     """The corpus tokenized into sharded ArrayRecord files plus meta.json (`trainer.data.prepare`)."""
     from trainer.data.prepare import prepare
 
     output_dir = trainer_inputs_dir / "prepared"
-    prepare(corpus_path, tokenizer_path, output_dir)
+    prepare(corpus_path, tokenizer, output_dir)
     return output_dir
 
 
 @pytest.fixture(scope="session")
-def tokenized_data(prepared_dir, tokenizer_path, trainer_inputs_dir):
+def tokenized_data(prepared_dir, tokenizer, trainer_inputs_dir):
     """`trainer.data.loader.TokenizedData` opened from the prepared directory."""
     from trainer.data.loader import open_data
 
-    return open_data(str(prepared_dir), tokenizer_path=str(tokenizer_path), cache_dir=str(trainer_inputs_dir / "cache"))
+    return open_data(str(prepared_dir), tokenizer=tokenizer, cache_dir=str(trainer_inputs_dir / "cache"))
 
 
 # Conversations of the generated chat corpus (trainer.data.chat_corpus): ~35 tokens each.
@@ -74,18 +82,24 @@ def chat_tokenizer_path(trainer_inputs_dir, chat_corpus_path) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def chat_prepared_dir(trainer_inputs_dir, chat_corpus_path, chat_tokenizer_path) -> pathlib.Path:
+def chat_tokenizer(chat_tokenizer_path):
+    from trainer.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(chat_tokenizer_path)
+
+
+@pytest.fixture(scope="session")
+def chat_prepared_dir(trainer_inputs_dir, chat_corpus_path, chat_tokenizer) -> pathlib.Path:
     """The chat corpus prepared with loss on completions (records carry their loss mask)."""
     from trainer.data.prepare import prepare
 
     output_dir = trainer_inputs_dir / "chat_prepared"
-    prepare(chat_corpus_path, chat_tokenizer_path, output_dir)
+    prepare(chat_corpus_path, chat_tokenizer, output_dir)
     return output_dir
 
 
 @pytest.fixture(scope="session")
-def chat_data(chat_prepared_dir, chat_tokenizer_path, trainer_inputs_dir):
+def chat_data(chat_prepared_dir, chat_tokenizer, trainer_inputs_dir):
     from trainer.data.loader import open_data
 
-    return open_data(str(chat_prepared_dir), tokenizer_path=str(chat_tokenizer_path),
-                     cache_dir=str(trainer_inputs_dir / "cache"))
+    return open_data(str(chat_prepared_dir), tokenizer=chat_tokenizer, cache_dir=str(trainer_inputs_dir / "cache"))

@@ -1,5 +1,6 @@
 """`trainer.checkpoint.Checkpointer` on a small state: a read that fails for a passing reason is
-tried again before anything moves; one that keeps failing is moved aside, never deleted."""
+tried again before anything moves; one that keeps failing is moved aside, never deleted. The final
+export replaces an earlier one only when it is whole."""
 
 import pathlib
 import shutil
@@ -8,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gemma import gm
 
 from trainer import checkpoint
 from trainer.data import loader as data_lib
@@ -91,3 +93,32 @@ def test_more_unreadable_checkpoints_in_a_row_than_the_limit_stop_the_run_and_mo
     assert [f"step {step}:" in str(refused.value) for step in range(STEPS, 0, -1)] == [True] * len(unreadable) + [False]
     assert "nothing was moved" in str(refused.value)
     assert _contents(directory) == before
+
+
+def _params(value: float) -> dict:
+    return {"layer": {"w": jnp.full((2, 3), value)}}
+
+
+def test_an_export_replaces_the_earlier_one_and_leaves_nothing_beside_it(tmp_path):
+    checkpoint.export_params(_params(1.0), tmp_path / "params")
+    assert checkpoint.export_params(_params(2.0), tmp_path / "params") == str(tmp_path / "params")
+    assert float(gm.ckpts.load_params(tmp_path / "params")["layer"]["w"][0, 0]) == 2.0
+    assert [path.name for path in tmp_path.iterdir()] == ["params"]
+
+
+def test_an_export_that_fails_midway_keeps_the_earlier_one_whole(tmp_path, monkeypatch):
+    """A run that dies while exporting (a full disk, a preemption) leaves the previous export readable."""
+    checkpoint.export_params(_params(1.0), tmp_path / "params")
+    earlier = _contents(tmp_path / "params")
+    save = gm.ckpts.save_params
+
+    def disk_full(params, path, **options):
+        save(params, path, **options)  # the new export half-written: its files are there, then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gm.ckpts, "save_params", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.export_params(_params(2.0), tmp_path / "params")
+    assert _contents(tmp_path / "params") == earlier
+    assert float(gm.ckpts.load_params(tmp_path / "params")["layer"]["w"][0, 0]) == 1.0
+    assert [path.name for path in tmp_path.iterdir()] == ["params"]

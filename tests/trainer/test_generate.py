@@ -47,9 +47,9 @@ def test_the_data_format_and_skipped_rows_are_stated_in_config_json(chat_run):
     assert (config["data_format"], config["loss_on"], config["skipped_rows"]) == ("jsonl-chat", "completions", {"not-json": 1})
 
 
-def test_eval_loss_is_the_mean_over_the_trained_tokens_only(chat_run, chat_tokenizer_path):
+def test_eval_loss_is_the_mean_over_the_trained_tokens_only(chat_run, chat_tokenizer):
     config = json.loads((chat_run / "config.json").read_text())
-    data = data_lib.open_data(config["data"], tokenizer_path=str(chat_tokenizer_path), cache_dir=str(chat_run / "data_cache"))
+    data = data_lib.open_data(config["data"], tokenizer=chat_tokenizer, cache_dir=str(chat_run / "data_cache"))
     model_config = models.model_config("tiny", vocab_size=data.vocab_size)
     params = models.load_weights(str(chat_run / "export" / "params"), flag="--weights", out_shardings=None,
                                  expected=jax.eval_shape(lambda: models.init_params(model_config, seed=0)))

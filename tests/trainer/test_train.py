@@ -140,7 +140,7 @@ def test_diverging_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(t
     assert max(kept) == diverged_step - 1
 
 
-def test_epochs_mode_trains_one_full_pass_of_a_raw_text_file(tmp_path, tokenizer_path):
+def test_epochs_mode_trains_one_full_pass_of_a_raw_text_file(tmp_path, tokenizer_path, tokenizer):
     """The stack's default (steps unset, epochs 1) on a raw text file, prepared on the fly: as many
     steps as the loader's epoch has batches."""
     corpus = write_corpus(tmp_path / "small.txt", num_stories=60, seed=1)
@@ -148,7 +148,7 @@ def test_epochs_mode_trains_one_full_pass_of_a_raw_text_file(tmp_path, tokenizer
             "--workdir", str(tmp_path / "run"), "--seq-len", "128", "--batch-size", "8", "--epochs", "1",
             "--eval-fraction", "0.1", "--no-samples"]
     loop.train(parse_config(args))
-    opened = data.open_data(str(corpus), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path / "run" / "data_cache"))
+    opened = data.open_data(str(corpus), tokenizer=tokenizer, cache_dir=str(tmp_path / "run" / "data_cache"))
     expected = data.steps_per_epoch(opened, seq_len=128, global_batch_size=8, eval_fraction=0.1)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["total_steps"] == expected > 1
     assert read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["step"] == expected

@@ -36,7 +36,7 @@ import numpy as np
 from trainer.data import chat, formats
 from trainer.data import prepare as prepare_lib
 from trainer.errors import UserError
-from trainer.data.tokenizer import load_tokenizer
+from trainer.data.tokenizer import Tokenizer
 
 # Rows open at once in each stream: more bins fill rows a little better (96.0% with 64) at the cost
 # of a longer scan per window.
@@ -107,20 +107,19 @@ def _cache_name(text_path: pathlib.Path, tokenizer_sha256: str, options: dict) -
     return f"{text_path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
-def open_data(data: str, *, tokenizer_path: str, cache_dir: str, data_format: str = formats.AUTO,
+def open_data(data: str, *, tokenizer: Tokenizer, cache_dir: str, data_format: str = formats.AUTO,
               loss_on: str = chat.COMPLETIONS, on_bad_row: str = formats.FAIL, log=lambda message: None) -> TokenizedData:
-    """Opens `data`: a directory made by `trainer.data.prepare` (checked against the tokenizer) or a raw
+    """Opens `data`: a directory made by `trainer.data.prepare` (checked against `tokenizer`) or a raw
     file (text, JSONL or Parquet: trainer.data.formats), which is prepared once into `cache_dir` with
     `data_format`, `loss_on` and `on_bad_row` and reused while it, the tokenizer and those are unchanged."""
     data_path = pathlib.Path(data)
-    tokenizer = load_tokenizer(tokenizer_path)
     if data_path.is_dir():
         directory = data_path
         meta = prepare_lib.read_meta(directory)
         if meta["tokenizer"]["sha256"] != tokenizer.sha256:
             raise UserError(
                 f"--data {data}: prepared with tokenizer {meta['tokenizer']['path']} "
-                f"(vocabulary {meta['tokenizer']['vocab_size']}), not with --tokenizer {tokenizer_path} "
+                f"(vocabulary {meta['tokenizer']['vocab_size']}), not with --tokenizer {tokenizer.path} "
                 f"(vocabulary {tokenizer.vocab_size}); pass that tokenizer or prepare the data again"
             )
         prepared_as = meta.get("data_format", formats.TEXT)
@@ -130,7 +129,7 @@ def open_data(data: str, *, tokenizer_path: str, cache_dir: str, data_format: st
     elif data_path.is_file():
         options = {"data_format": data_format, "loss_on": loss_on}
         directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, options)
-        meta = prepare_lib.prepare(data_path, tokenizer_path, directory, **options, on_bad_row=on_bad_row, log=log)
+        meta = prepare_lib.prepare(data_path, tokenizer, directory, **options, on_bad_row=on_bad_row, log=log)
     else:
         raise UserError(f"--data {data}: not found; pass a text, JSONL or Parquet file or a directory made by "
                         "`python -m trainer.data.prepare`")

@@ -300,14 +300,14 @@ def _check_reusable(meta: dict, directory: pathlib.Path, tokenizer: Tokenizer, s
         )
 
 
-def prepare(source, tokenizer_path, output_dir, *, data_format=formats.AUTO, loss_on=chat.COMPLETIONS,
+def prepare(source, tokenizer: Tokenizer, output_dir, *, data_format=formats.AUTO, loss_on=chat.COMPLETIONS,
             on_bad_row=formats.FAIL, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES, download_dir=None,
             max_row_bytes=formats.MAX_ROW_BYTES, log=lambda message: None) -> dict:
-    """Tokenizes `source` (a local file or an http(s):// URL) into `output_dir` (see the module
-    docstring) and returns its meta. `data_format` (trainer.data.formats; auto detects it), `loss_on`
-    (trainer.data.chat: completions trains a chat's model turns only), `on_bad_row` (fail or skip);
-    `workers` tokenizer threads; shards of about `shard_bytes` of token ids; a URL is downloaded into
-    `download_dir`; `log` gets progress lines."""
+    """Tokenizes `source` (a local file or an http(s):// URL) with `tokenizer` into `output_dir` (see
+    the module docstring) and returns its meta. `data_format` (trainer.data.formats; auto detects it),
+    `loss_on` (trainer.data.chat: completions trains a chat's model turns only), `on_bad_row` (fail or
+    skip); `workers` tokenizer threads; shards of about `shard_bytes` of token ids; a URL is downloaded
+    into `download_dir`; `log` gets progress lines."""
     source, output_dir = str(source), pathlib.Path(output_dir)
     if data_format not in formats.DATA_FORMATS:
         raise UserError(f"--data-format {data_format}: unknown; choose from {', '.join(formats.DATA_FORMATS)}")
@@ -315,7 +315,6 @@ def prepare(source, tokenizer_path, output_dir, *, data_format=formats.AUTO, los
         raise UserError(f"--loss-on {loss_on} / --on-bad-row {on_bad_row}: choose --loss-on from "
                         f"{', '.join(chat.LOSS_ON)} and --on-bad-row from {', '.join(formats.ON_BAD_ROW)}")
     identity = _source_identity(source, {"separator": separator, "data_format": data_format, "loss_on": loss_on})
-    tokenizer = load_tokenizer(tokenizer_path)
     if output_dir.exists() and not output_dir.is_dir():
         raise UserError(f"--output {output_dir}: is a file; pass a directory path")
     if output_dir.is_dir() and any(output_dir.iterdir()):
@@ -378,7 +377,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 @entry_point()
 def main(argv=None) -> int | None:
     args = parse_args(argv)
-    meta = prepare(args.input, _tokenizer_path(args.tokenizer), args.output, data_format=args.data_format,
+    meta = prepare(args.input, load_tokenizer(_tokenizer_path(args.tokenizer)), args.output, data_format=args.data_format,
                    loss_on=args.loss_on, on_bad_row=args.on_bad_row, separator=args.separator,
                    workers=args.workers, download_dir=args.download_dir,
                    log=lambda message: print(message, file=sys.stderr, flush=True))

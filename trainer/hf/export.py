@@ -106,7 +106,7 @@ def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dty
     if write:
         _write_json(directory / "config.json", config)
         _write_json(directory / "generation_config.json", hf_tokenizer.generation_config_json(tokenizer))
-        hf_tokenizer.write_tokenizer_files(tokenizer, directory, _read_bytes(tokenizer.path))
+        hf_tokenizer.write_tokenizer_files(tokenizer, directory)
 
 
 def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str) -> None:
@@ -126,12 +126,6 @@ def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int,
         "use_rslora": False,
         "inference_mode": True,
     })
-
-
-def _read_bytes(path: str) -> bytes:
-    from etils import epath
-
-    return epath.Path(path).read_bytes()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,22 +227,19 @@ def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> 
     return source
 
 
-def write_final_export(directory: pathlib.Path, workdir: pathlib.Path, params, *, dtype: str = "bfloat16") -> None:
-    """WORKDIR/export/hf at the end of a run: the plain tree `params` (LoRA merged in), replacing an
-    earlier export. Every process gathers, process 0 writes under a temporary name and renames it."""
-    run = read_run(str(workdir))
+def write_final_export(directory: pathlib.Path, params, *, model_config, tokenizer: tokenizer_lib.Tokenizer,
+                       dtype: str = "bfloat16") -> None:
+    """WORKDIR/export/hf at the end of a run: the plain tree `params` (LoRA merged in) of the run's
+    `model_config` and `tokenizer`, replacing an earlier export. Every process gathers, process 0
+    writes under a temporary name and renames it."""
     is_main = jax.process_index() == 0
     temporary = shared_files.temporary_sibling(directory)
     try:
         if is_main:
             temporary.mkdir(parents=True)
-        write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype, write=is_main)
-        if is_main:
-            if directory.exists():  # the run's own earlier export, e.g. before it was resumed for more steps
-                earlier = shared_files.temporary_sibling(directory)
-                os.replace(directory, earlier)
-                shutil.rmtree(earlier)
-            os.replace(temporary, directory)
+        write_model(temporary, model_config, params, tokenizer, dtype=dtype, write=is_main)
+        if is_main:  # replacing the run's own earlier export, e.g. before it was resumed for more steps
+            shared_files.replace_directory(directory, temporary)
     finally:
         if is_main and temporary.exists():
             shutil.rmtree(temporary)

@@ -47,10 +47,10 @@ def generation_config_json(tokenizer) -> dict:
     return {"bos_token_id": tokenizer.bos_id, "eos_token_id": stop_ids(tokenizer), "pad_token_id": tokenizer.pad_id}
 
 
-def write_tokenizer_files(tokenizer, directory: pathlib.Path, model_bytes: bytes) -> None:
-    """tokenizer.model (`model_bytes`, the run's file), the same as tokenizer.json (what transformers and
+def write_tokenizer_files(tokenizer, directory: pathlib.Path) -> None:
+    """tokenizer.model (the run's file, as loaded), the same as tokenizer.json (what transformers and
     vLLM load), tokenizer_config.json, special_tokens_map.json."""
-    processor = tokenizer.processor
+    processor, model_bytes = tokenizer.processor, tokenizer.model_bytes
     special = {
         "bos_token": processor.id_to_piece(tokenizer.bos_id),
         "eos_token": processor.id_to_piece(tokenizer.eos_id),

@@ -157,14 +157,14 @@ def test_eval_split_is_held_out_deterministic_and_finite(tokenized_data):
     assert len(eval_segments) + len(train_segments) == len(_expected_windows(tokenized_data, SEQ_LEN, 2))
 
 
-def test_raw_text_is_prepared_once_into_the_cache(tmp_path, corpus_path, tokenizer_path, tokenized_data):
-    first = open_data(str(corpus_path), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path))
-    again = open_data(str(corpus_path), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path))
+def test_raw_text_is_prepared_once_into_the_cache(tmp_path, corpus_path, tokenizer, tokenized_data):
+    first = open_data(str(corpus_path), tokenizer=tokenizer, cache_dir=str(tmp_path))
+    again = open_data(str(corpus_path), tokenizer=tokenizer, cache_dir=str(tmp_path))
     assert first.path == again.path and [p.name for p in tmp_path.iterdir()] == [first.path.split("/")[-1]]
     assert (first.documents, first.tokens) == (tokenized_data.documents, tokenized_data.tokens)
 
 
-def test_bad_loader_settings_are_clear_errors(tmp_path, tokenized_data, tokenizer_path):
+def test_bad_loader_settings_are_clear_errors(tmp_path, tokenized_data, tokenizer):
     with pytest.raises(UserError, match="not divisible by the 3 processes"):
         batches(tokenized_data, seq_len=SEQ_LEN, global_batch_size=4, seed=0, process_count=3)
     with pytest.raises(UserError, match="training documents cannot fill 100000 batch rows"):
@@ -172,7 +172,7 @@ def test_bad_loader_settings_are_clear_errors(tmp_path, tokenized_data, tokenize
     with pytest.raises(UserError, match="selects none"):
         batches(tokenized_data, seq_len=SEQ_LEN, global_batch_size=4, seed=0, eval_fraction=1e-6)
     with pytest.raises(UserError, match="missing: not found"):
-        open_data(str(tmp_path / "missing"), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path))
+        open_data(str(tmp_path / "missing"), tokenizer=tokenizer, cache_dir=str(tmp_path))
 
 
 def test_exit_code_survives_a_busy_prefetch_thread(tokenized_data, tokenizer_path):
@@ -181,7 +181,8 @@ def test_exit_code_survives_a_busy_prefetch_thread(tokenized_data, tokenizer_pat
     script = (
         "import sys\n"
         "from trainer.data.loader import open_data, batches\n"
-        f"data = open_data({tokenized_data.path!r}, tokenizer_path={str(tokenizer_path)!r}, cache_dir='unused')\n"
+        "from trainer.data.tokenizer import load_tokenizer\n"
+        f"data = open_data({tokenized_data.path!r}, tokenizer=load_tokenizer({str(tokenizer_path)!r}), cache_dir='unused')\n"
         "iterator = batches(data, seq_len=64, global_batch_size=128, seed=0)\n"
         "next(iterator)\n"
         "sys.exit(75)\n"

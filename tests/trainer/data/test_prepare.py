@@ -24,13 +24,12 @@ from trainer.data.tokenizer import load_tokenizer, train_tokenizer
 
 def _records(directory):
     meta = json.loads((directory / "meta.json").read_text())
-    data = open_data(str(directory), tokenizer_path=meta["tokenizer"]["path"], cache_dir=str(directory / "unused"))
+    data = open_data(str(directory), tokenizer=load_tokenizer(meta["tokenizer"]["path"]), cache_dir=str(directory / "unused"))
     source = data.source()
     return [np.frombuffer(source[i], dtype=prepare_lib.TOKEN_DTYPE) for i in range(len(source))]
 
 
-def test_every_document_becomes_one_record_ending_in_eos(prepared_dir, corpus_path, tokenizer_path):
-    tokenizer = load_tokenizer(tokenizer_path)
+def test_every_document_becomes_one_record_ending_in_eos(prepared_dir, corpus_path, tokenizer):
     documents = [d.strip() for d in corpus_path.read_text().split(SEPARATOR) if d.strip()]
     records = _records(prepared_dir)
     meta = prepare_lib.read_meta(prepared_dir)
@@ -41,23 +40,23 @@ def test_every_document_becomes_one_record_ending_in_eos(prepared_dir, corpus_pa
     assert np.array_equal(np.load(prepared_dir / meta["lengths_file"]), [len(r) for r in records])
 
 
-def test_shards_and_threads_do_not_change_the_records(tmp_path, prepared_dir, corpus_path, tokenizer_path):
-    meta = prepare(corpus_path, tokenizer_path, tmp_path / "sharded", workers=2, shard_bytes=64 << 10)
+def test_shards_and_threads_do_not_change_the_records(tmp_path, prepared_dir, corpus_path, tokenizer):
+    meta = prepare(corpus_path, tokenizer, tmp_path / "sharded", workers=2, shard_bytes=64 << 10)
     assert len(meta["shards"]) > 1
     assert sum(s["documents"] for s in meta["shards"]) == meta["documents"]
     assert all(np.array_equal(a, b) for a, b in zip(_records(tmp_path / "sharded"), _records(prepared_dir)))
 
 
-def test_complete_output_is_reused_untouched(tmp_path, corpus_path, tokenizer_path):
+def test_complete_output_is_reused_untouched(tmp_path, corpus_path, tokenizer):
     output = tmp_path / "out"
-    first = prepare(corpus_path, tokenizer_path, output)
+    first = prepare(corpus_path, tokenizer, output)
     shard = output / first["shards"][0]["file"]
     written = shard.stat().st_mtime_ns
-    assert prepare(corpus_path, tokenizer_path, output) == first
+    assert prepare(corpus_path, tokenizer, output) == first
     assert shard.stat().st_mtime_ns == written
 
 
-def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, corpus_path, tokenizer_path, monkeypatch):
+def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, corpus_path, tokenizer, monkeypatch):
     output = tmp_path / "out"
     written = []
 
@@ -70,21 +69,21 @@ def test_interrupted_prepare_leaves_nothing_that_looks_valid(tmp_path, corpus_pa
     real_write = prepare_lib._ShardWriter.write
     monkeypatch.setattr(prepare_lib._ShardWriter, "write", crash_after_a_few_records)
     with pytest.raises(KeyboardInterrupt):
-        prepare(corpus_path, tokenizer_path, output)
+        prepare(corpus_path, tokenizer, output)
     assert list(tmp_path.iterdir()) == []  # neither the output nor the temporary directory remains
     monkeypatch.setattr(prepare_lib._ShardWriter, "write", real_write)
-    assert prepare(corpus_path, tokenizer_path, output)["documents"] > 5
+    assert prepare(corpus_path, tokenizer, output)["documents"] > 5
 
 
-def test_a_directory_without_meta_is_not_taken_for_prepared_data(tmp_path, prepared_dir, corpus_path, tokenizer_path):
+def test_a_directory_without_meta_is_not_taken_for_prepared_data(tmp_path, prepared_dir, corpus_path, tokenizer):
     half_written = tmp_path / "half"
     half_written.mkdir()
     for shard in prepared_dir.glob("*.array_record"):
         (half_written / shard.name).write_bytes(shard.read_bytes())
     with pytest.raises(UserError, match="half: not a complete prepared dataset"):
-        open_data(str(half_written), tokenizer_path=str(tokenizer_path), cache_dir=str(tmp_path / "cache"))
+        open_data(str(half_written), tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(UserError, match="half: not a complete prepared dataset"):
-        prepare(corpus_path, tokenizer_path, half_written)
+        prepare(corpus_path, tokenizer, half_written)
 
 
 def test_documents_split_across_read_chunks_come_out_whole(tmp_path, monkeypatch):
@@ -122,19 +121,19 @@ def test_documents_are_streamed_not_read_whole(tmp_path, monkeypatch):
     ],
     ids=["missing", "empty", "blank", "binary", "latin-1", "no-separator"],
 )
-def test_bad_data_file_is_one_clear_error(tmp_path, tokenizer_path, content, message):
+def test_bad_data_file_is_one_clear_error(tmp_path, tokenizer, content, message):
     path = tmp_path / "missing.txt"
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(UserError, match=message):
-        prepare(path, tokenizer_path, tmp_path / "out")
+        prepare(path, tokenizer, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-def test_output_prepared_with_another_tokenizer_is_refused(tmp_path, prepared_dir, corpus_path, tokenizer_path):
-    other = train_tokenizer(corpus_path, tmp_path / "other.model", vocab_size=400, seed=0)
+def test_output_prepared_with_another_tokenizer_is_refused(tmp_path, prepared_dir, corpus_path):
+    other = load_tokenizer(train_tokenizer(corpus_path, tmp_path / "other.model", vocab_size=400, seed=0))
     with pytest.raises(UserError, match="prepared with tokenizer .*tokenizer.model .*vocabulary 512.*vocabulary 400"):
-        open_data(str(prepared_dir), tokenizer_path=str(other), cache_dir=str(tmp_path / "cache"))
+        open_data(str(prepared_dir), tokenizer=other, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(UserError, match="already prepared with another tokenizer"):
         prepare(corpus_path, other, prepared_dir)
 
@@ -220,19 +219,19 @@ def test_a_url_is_downloaded_prepared_like_the_file_and_not_downloaded_again(
 
 
 def test_a_complete_output_from_another_source_is_refused_before_any_download(tmp_path, server, corpus_path,
-                                                                             tokenizer_path):
+                                                                             tokenizer):
     """A URL is its identity: another URL is another source even if it serves the same bytes, and
     a local file is never taken for a download."""
     from_url, from_file = tmp_path / "from-url", tmp_path / "from-file"
-    prepare(server.url("/corpus.txt"), tokenizer_path, from_url)
-    prepare(corpus_path, tokenizer_path, from_file)
+    prepare(server.url("/corpus.txt"), tokenizer, from_url)
+    prepare(corpus_path, tokenizer, from_file)
     from_the_url = re.escape(f"from-url: already prepared from {server.url('/corpus.txt')} ")
     with pytest.raises(UserError, match=from_the_url):
-        prepare(server.url("/corpus.txt?copy"), tokenizer_path, from_url)
+        prepare(server.url("/corpus.txt?copy"), tokenizer, from_url)
     with pytest.raises(UserError, match=from_the_url):
-        prepare(corpus_path, tokenizer_path, from_url)
+        prepare(corpus_path, tokenizer, from_url)
     with pytest.raises(UserError, match=re.escape(f"from-file: already prepared from {corpus_path.resolve()} ")):
-        prepare(server.url("/corpus.txt"), tokenizer_path, from_file)
+        prepare(server.url("/corpus.txt"), tokenizer, from_file)
     assert server.requests == {"/corpus.txt": 1}
 
 
@@ -257,11 +256,11 @@ def test_an_unreachable_host_is_one_line_naming_the_url(tmp_path, tokenizer_path
 
 
 @pytest.mark.parametrize("path", ["/unavailable", "/rate-limited", "/cut-off"])
-def test_a_server_error_or_cut_download_is_not_a_user_error_and_leaves_nothing(tmp_path, server, tokenizer_path, path):
+def test_a_server_error_or_cut_download_is_not_a_user_error_and_leaves_nothing(tmp_path, server, tokenizer, path):
     """The preparation Job retries these (any exit but USER_ERROR); a short body is never tokenized."""
     downloads = tmp_path / "downloads"
     with pytest.raises(ConnectionError, match=server.url(path)):
-        prepare(server.url(path), tokenizer_path, tmp_path / "out", download_dir=downloads)
+        prepare(server.url(path), tokenizer, tmp_path / "out", download_dir=downloads)
     assert not (tmp_path / "out").exists() and list(downloads.iterdir()) == []
 
 

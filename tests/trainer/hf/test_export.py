@@ -132,7 +132,7 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
     chat_dir = root / "chat"
     chat_dir.mkdir()
     chat = tokenizer_lib.load_tokenizer(chat_tokenizer(root, corpus_path))
-    hf_tokenizer.write_tokenizer_files(chat, chat_dir, pathlib.Path(chat.path).read_bytes())
+    hf_tokenizer.write_tokenizer_files(chat, chat_dir)
 
     tokens = random_tokens(tokenizer.vocab_size, 100)  # past the tiny model's window of 64
     rich_tokens = random_tokens(tokenizer.vocab_size, 40, seed=1)

@@ -17,7 +17,7 @@ PYTHON311 := $(shell for p in python3.11 /usr/local/bin/python3.11 /usr/bin/pyth
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo chat-demo render fit policy-check lock bench bench-quick bench-h200
+.PHONY: help setup test demo chat-demo render fit policy-check lock lock-hf bench bench-quick bench-h200
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
@@ -45,10 +45,10 @@ $(POLICY_STAMP): policy/requirements.txt
 	$(POLICY_VENV)/bin/python -m pip install -q -r policy/requirements.txt
 	touch $@
 
-$(HF_STAMP): requirements-hf.txt
+$(HF_STAMP): requirements-hf.lock
 	@test -n "$(PYTHON311)" || { echo "error: Python 3.11 not found: install python3.11 (the export's Hugging Face check runs CPU torch on it)" >&2; exit 1; }
 	test -x $(HF_VENV)/bin/python || $(PYTHON311) -m venv $(HF_VENV)
-	$(HF_VENV)/bin/python -m pip install -q -r requirements-hf.txt
+	$(HF_VENV)/bin/python -m pip install -q -r requirements-hf.lock
 	touch $@
 
 test: $(STAMP) $(POLICY_STAMP) $(HF_STAMP)
@@ -93,3 +93,12 @@ lock:
 	grep -v '^-c requirements.lock' requirements.txt | $(PIP_COMPILE) --output-file requirements.lock -
 	cd trainer && $(PIP_COMPILE) --output-file requirements.lock requirements-image.in
 	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt
+# The Hugging Face check's lock (.venv-hf): the same pip-compile on Python 3.11, keeping requirements-hf.txt's
+# --find-links /opt/wheels, where the CPU torch wheel is (its hash is that file's).
+LOCK_HF_VENV := /tmp/gemma-tpu-lock-hf
+lock-hf:
+	@test -n "$(PYTHON311)" || { echo "error: Python 3.11 not found: install python3.11" >&2; exit 1; }
+	test -x $(LOCK_HF_VENV)/bin/pip-compile || { $(PYTHON311) -m venv $(LOCK_HF_VENV) && \
+		$(LOCK_HF_VENV)/bin/pip install -q pip==26.3 pip-tools==7.6.2; }
+	$(subst $(LOCK_VENV)/,$(LOCK_HF_VENV)/,$(filter-out --no-emit-find-links,$(PIP_COMPILE))) \
+		--output-file requirements-hf.lock requirements-hf.txt

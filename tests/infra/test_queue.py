@@ -258,6 +258,16 @@ def test_every_job_in_the_namespace_waits_for_kueue_to_serve_its_webhooks():
         assert install.urn in job.dependency_urns, (job.parent, job.name)
 
 
+def test_a_multi_host_slice_is_asked_for_as_its_pool_is_placed():
+    """Google's TPU v6e queued-provisioning example: the pool COMPACT-placed with the slice's
+    topology, its hosts as the pool's maximum, and the request's tpu-topology the same topology."""
+    resources = previewed("queued").resources
+    parameters = queue_group(resources)["ProvisioningRequestConfig"]["spec"]["parameters"]
+    for pool in (r for r in of_type(resources, NODE_POOL) if r.parent == "tpu"):
+        assert pool.inputs["placementPolicy"] == {"type": "COMPACT", "tpuTopology": parameters["tpu-topology"]}
+        assert pool.inputs["autoscaling"]["totalMaxNodeCount"] == tpu.slice_spec("v6e", parameters["tpu-topology"]).hosts
+
+
 def test_with_queued_provisioning_kueue_starts_after_the_pools():
     """Kueue looks for the ProvisioningRequest API once, at start-up."""
     resources = previewed("queued").resources

@@ -19,6 +19,9 @@ def dashboard(config: StackConfig, run: RunTelemetry) -> dict:
     charts = _run_charts(config, run)
     for group, selectors in node_groups(config).items():
         charts += _node_charts(config, group, selectors)
+    from infra.serving_dashboard import serving_charts  # it builds on this module's charts
+
+    charts += serving_charts(config)
     return {"displayName": f"gemma-tpu {config.stack}", "mosaicLayout": {"columns": COLUMNS, "tiles": _tiles(charts)}}
 
 

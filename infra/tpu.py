@@ -16,12 +16,13 @@ from math import prod
 from infra.errors import ConfigError
 
 _TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
-# Host memory of each TPU machine type (cloud.google.com/tpu/docs/v6e, /v5e, /v5p: "machine type"
-# tables). GKE keeps part of it from pods (node allocatable, cloud.google.com/kubernetes-engine/docs/
-# concepts/plan-node-sizes#memory_and_cpu_reservations): 25% of the first 4 GiB, 20% of the next 4,
-# 10% of the next 8, 6% of the next 112, 2% above 128 GiB, plus the kubelet's 100 MiB eviction
-# threshold. The trainer's limit leaves TRAINER_MEMORY_HEADROOM_GIB of that to the GCS FUSE sidecar
-# and the node's daemons.
+# Host memory of each TPU machine type (GKE's "choose a TPU version" table, cloud.google.com/
+# kubernetes-engine/docs/concepts/plan-tpus, and cloud.google.com/tpu/docs/v6e, /v5e, /v5p), read
+# as GB, the smaller unit, where the sources differ in it. GKE keeps part of it from pods (node
+# allocatable, cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes): 25% of the first
+# 4 GiB, 20% of the next 4, 10% of the next 8, 6% of the next 112, 2% above 128 GiB, plus the
+# kubelet's 100 MiB eviction threshold. The trainer's limit leaves TRAINER_MEMORY_HEADROOM_GIB of
+# that to the GCS FUSE sidecar and the node's daemons.
 _GKE_MEMORY_RESERVED = ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (float("inf"), 0.02))
 _EVICTION_THRESHOLD_GIB = 0.1
 TRAINER_MEMORY_HEADROOM_GIB = 8
@@ -41,7 +42,7 @@ _FAMILIES: dict[str, _Family] = {
         gke_accelerator="tpu-v6e-slice",
         machine_prefix="ct6e-standard",
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-        host_memory_gb={1: 176, 4: 720},
+        host_memory_gb={1: 448, 4: 720},
     ),
     "v5e": _Family(
         gke_accelerator="tpu-v5-lite-podslice",

@@ -102,7 +102,7 @@ def test_disruptions_restart_uncounted_errors_and_oom_fail_at_once_and_retry_me_
 # GKE's node allocatable (the machine's memory less 25% of the first 4 GiB, 20% of the next 4, 10% of
 # the next 8, 6% of the next 112, 2% above 128 and the 100 MiB eviction threshold), less 8 GiB for
 # the FUSE sidecar and the node's daemons: e.g. 720 GB = 670.6 GiB - 20.2 - 0.1 = 650 -> 642 GiB.
-TRAINER_MEMORY_GIB = {"ct6e-standard-1t": 145, "ct6e-standard-4t": 642, "ct5lp-hightpu-1t": 32,
+TRAINER_MEMORY_GIB = {"ct6e-standard-1t": 394, "ct6e-standard-4t": 642, "ct5lp-hightpu-1t": 32,
                       "ct5lp-hightpu-4t": 160, "ct5p-hightpu-4t": 394}  # fmt: skip
 
 

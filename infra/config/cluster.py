@@ -32,8 +32,16 @@ class ClusterAccess:
     maintenance_hours: int
 
 
+# The GKE API's MasterAuthorizedNetworksConfig: "cidr_blocks define up to 50 external networks"
+# (cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters).
+AUTHORIZED_NETWORKS_MAX = 50
+
+
 def parse_access(section: Section) -> ClusterAccess:
     authorized = section.text_list("authorizedNetworks", ())
+    if len(authorized) > AUTHORIZED_NETWORKS_MAX:
+        raise ConfigError(f"{section.key('authorizedNetworks')} lists {len(authorized)} ranges; GKE takes at most "
+                          f"{AUTHORIZED_NETWORKS_MAX}: merge them into wider ranges (the DNS endpoint needs none)")
     for cidr in authorized:
         try:
             network = ipaddress.ip_network(cidr)

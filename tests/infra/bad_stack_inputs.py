@@ -189,6 +189,10 @@ CASES = (
     BadStack(case="control plane open to the internet", config={"gemma-tpu:cluster": {"authorizedNetworks": ["0.0.0.0/0"]}},
              error="gemma-tpu:cluster.authorizedNetworks holds 0.0.0.0/0, which opens the control plane to the internet; "
              "list your own ranges (kubectl and pulumi also reach it through its DNS endpoint)"),
+    BadStack(case="more authorized networks than GKE takes",
+             config={"gemma-tpu:cluster": {"authorizedNetworks": [f"203.0.113.{i}/32" for i in range(51)]}},
+             error="gemma-tpu:cluster.authorizedNetworks lists 51 ranges; GKE takes at most 50: merge them into wider "
+             "ranges (the DNS endpoint needs none)"),
     BadStack(case="maintenance window too short", config={"gemma-tpu:cluster": {"maintenanceDays": ["SU"], "maintenanceHours": 4}},
              error="gemma-tpu:cluster.maintenanceDays x gemma-tpu:cluster.maintenanceHours gives 16 hours in 32 days; GKE "
              "needs at least 48: add days or hours"),

@@ -15,13 +15,14 @@ TILE_WIDTH, TILE_HEIGHT = 4, 4  # three charts a row
 ALIGNMENT = "60s"  # GKE samples its metrics every 60 s
 
 
-def dashboard(config: StackConfig, run: RunTelemetry) -> dict:
+def dashboard(config: StackConfig, run: RunTelemetry, more_charts: Iterable[dict] = ()) -> dict:
+    """The run's charts, each TPU node group's, then `more_charts`: the rows other parts of the
+    stack add from this module's chart builders (infra.serving_dashboard), which infra.monitoring
+    joins, so that this module imports none of them."""
     charts = _run_charts(config, run)
     for group, selectors in node_groups(config).items():
         charts += _node_charts(config, group, selectors)
-    from infra.serving_dashboard import serving_charts  # it builds on this module's charts
-
-    charts += serving_charts(config)
+    charts += more_charts
     return {"displayName": f"gemma-tpu {config.stack}", "mosaicLayout": {"columns": COLUMNS, "tiles": _tiles(charts)}}
 
 

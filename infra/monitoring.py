@@ -1,5 +1,6 @@
 """The stack's Cloud Monitoring: its log-based metrics, dashboard and alert policies (built by
-infra.telemetry, infra.dashboard and infra.alerts from the stack config)."""
+infra.telemetry, infra.dashboard with infra.serving_dashboard's row, and infra.alerts from the
+stack config)."""
 
 import json
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ import pulumi_gcp as gcp
 from infra import alerts, dashboard, telemetry
 from infra.component import Component
 from infra.config import StackConfig
+from infra.serving_dashboard import serving_charts
 
 CONSOLE = "https://console.cloud.google.com/monitoring/dashboards/builder"
 # Distributions of reported numbers: exact means (what the dashboard shows), percentiles to within a
@@ -28,7 +30,7 @@ class Monitoring(Component):
         self.log_metrics = [self._log_metric(metric) for metric in run.log_metrics]
         self.dashboard = gcp.monitoring.Dashboard(
             "dashboard",
-            gcp.monitoring.DashboardArgs(dashboard_json=json.dumps(dashboard.dashboard(config, run), sort_keys=True)),
+            gcp.monitoring.DashboardArgs(dashboard_json=json.dumps(dashboard.dashboard(config, run, serving_charts(config)), sort_keys=True)),
             opts=self.child(),
         )
         # The API refuses a policy on a log-based metric that does not exist yet.

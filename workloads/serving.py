@@ -131,7 +131,7 @@ def _server_labels() -> dict[str, str]:
 
 def server_args(spec: ServingSpec) -> list[str]:
     args = [
-        f"--host=0.0.0.0", f"--port={SERVING_PORT}",
+        "--host=0.0.0.0", f"--port={SERVING_PORT}",
         f"--model={spec.model_path}",
         f"--tensor-parallel-size={spec.chips}",
         f"--max-model-len={spec.max_model_len}",

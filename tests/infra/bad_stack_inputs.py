@@ -56,15 +56,16 @@ def _entry(key: str, value: Any) -> str:
 KEYS = (
     "gcp:project, gcp:region, gcp:zone, gemma-tpu:cluster, gemma-tpu:tpu, gemma-tpu:storage, gemma-tpu:image, "
     "gemma-tpu:namespace, gemma-tpu:serviceAccount, gemma-tpu:protect, gemma-tpu:trainerRunsAsRoot, gemma-tpu:training, "
-    "gemma-tpu:runs, gemma-tpu:queue, gemma-tpu:monitoring, gemma-tpu:network"
+    "gemma-tpu:runs, gemma-tpu:queue, gemma-tpu:monitoring, gemma-tpu:serving, gemma-tpu:network"
 )
 MULTISLICE = {"topology": "2x4", "slices": 2}
 QUEUED = {"enabled": True}
+SERVING = {"enabled": True, "image": "vllm/vllm-tpu:v0.27.0@sha256:" + "a" * 64}
 
 CASES = (
     # The file itself
     BadStack(case="no such stack", stack="staging", exists=False, described="`--stack Pulumi.staging.yaml`, no such file",
-             error="no stack file {file}; the stacks here are autopilot, dev, multihost, multislice, queued"),
+             error="no stack file {file}; the stacks here are autopilot, dev, multihost, multislice, queued, serving"),
     BadStack(case="not UTF-8 text", file=b"\x00\x01\xff\xfe", described="binary bytes",
              error="{file} is not UTF-8 text; save the stack file as UTF-8 YAML"),
     BadStack(case="broken YAML", file=b"config:\n  gemma-tpu:tpu: {slices: 2\n", described="`gemma-tpu:tpu: {slices: 2` (unclosed)",
@@ -273,6 +274,24 @@ CASES = (
              error="gemma-tpu:monitoring.lowUtilizationPercent is 150; it must be above 0.0 and at most 100.0"),
     BadStack(case="alert window shorter than the metrics' delay", config={"gemma-tpu:monitoring": {"idleNodesMinutes": 1}},
              error="gemma-tpu:monitoring.idleNodesMinutes is 1; it must be between 5 and 1440"),
+    BadStack(case="serving a run the stack does not have", config={"gemma-tpu:serving": {**SERVING, "run": "nope"}},
+             error="gemma-tpu:serving.run is 'nope', which is no run of this stack; choose one of gemma-finetune"),
+    BadStack(case="a vLLM image without a digest", config={"gemma-tpu:serving": {**SERVING, "image": "vllm/vllm-tpu:v0.27.0"}},
+             error="gemma-tpu:serving.image 'vllm/vllm-tpu:v0.27.0' is not pinned by digest; give the vLLM TPU image as "
+                   "vllm/vllm-tpu:TAG@sha256:DIGEST (docs/serving.md: `docker buildx imagetools inspect vllm/vllm-tpu:TAG`)"),
+    BadStack(case="serving from a multi-host slice", config={"gemma-tpu:serving": {**SERVING, "topology": "2x4"}},
+             error="gemma-tpu:serving.topology v6e 2x4 spans 2 hosts, and vLLM serves from one; choose one of 1x1, 2x2"),
+    BadStack(case="a serving slice too small for the model",
+             config={"gemma-tpu:training": {"model": "gemma3-27b"}, "gemma-tpu:serving": SERVING},
+             error="gemma-tpu:serving.topology v6e 1x1 cannot hold gemma3-27b: its bfloat16 weights and one 8192-token "
+                   "sequence need 54.2 GiB a chip, and vLLM uses 28.8 GiB of each; choose 2x2, or lower gemma-tpu:serving.maxModelLen"),
+    BadStack(case="a serving length above the model's", config={"gemma-tpu:serving": {**SERVING, "maxModelLen": 65536}},
+             error="gemma-tpu:serving.maxModelLen is 65536, above gemma3-270m's 32768 (max_position_embeddings of its export); "
+                   "set at most 32768"),
+    BadStack(case="an adapter rank vLLM refuses",
+             config={"gemma-tpu:training": {"loraRank": 1024}, "gemma-tpu:serving": {**SERVING, "lora": "adapter"}},
+             error="gemma-tpu:serving.lora is adapter, but run 'gemma-finetune' has loraRank 1024 and vLLM serves adapters "
+                   "of rank at most 512; use lora: merged (the run's export has the adapter merged in)"),
 )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.cluster import CLOUD_PLATFORM_SCOPE, GkeCluster, gke_metadata
+from infra.cluster import CLOUD_PLATFORM_SCOPE, NODE_IMAGE, GkeCluster, gke_metadata, image_streaming
 from infra.component import Component, service_account_member
 from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
@@ -78,6 +78,8 @@ class ServingInfra(Component):
                 management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
                 node_config=gcp.container.NodePoolNodeConfigArgs(
                     machine_type=serving.slice.machine_type,
+                    image_type=NODE_IMAGE,
+                    gcfs_config=image_streaming(),  # the vLLM image is large: the server starts before all of it is there
                     service_account=cluster.node_service_account.email,
                     oauth_scopes=[CLOUD_PLATFORM_SCOPE],
                     workload_metadata_config=gke_metadata(),

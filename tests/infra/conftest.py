@@ -7,8 +7,8 @@ from infra.stack_files import read_stack_values
 from infra.preview import Resource, StackPreview, preview
 
 PROJECT_ID = "acme-ml-123"
-SHIPPED_STACKS = ("dev", "multihost", "multislice", "autopilot", "queued")
-STANDARD_STACKS = ("dev", "multihost", "multislice", "queued")
+SHIPPED_STACKS = ("dev", "multihost", "multislice", "autopilot", "queued", "serving")
+STANDARD_STACKS = ("dev", "multihost", "multislice", "queued", "serving")
 
 
 def stack_values(stack: str, **overrides: Any) -> dict[str, Any]:

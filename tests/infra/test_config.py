@@ -54,6 +54,7 @@ def test_shipped_stacks_have_their_shapes():
         "multislice": ("standard", "2x4", 2, 4),
         "autopilot": ("autopilot", "1x1", 1, 1),
         "queued": ("standard", "2x4", 2, 4),
+        "serving": ("standard", "2x2", 1, 1),
     }
 
 

@@ -5,6 +5,7 @@ while the cluster and its node pools still run them, and a vanished cluster does
 import pytest
 
 from infra.config import parse_stack_config
+from infra.config.serving import SERVING_POOL
 
 from infra.stack_files import read_stack_values
 from infra.preview import Resource, preview
@@ -15,7 +16,7 @@ BUCKET = "gcp:storage/bucket:Bucket"
 REGISTRY = "gcp:artifactregistry/repository:Repository"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 # The shipped stacks' choice (docs/stacks.md): a dev stack's checkpoints go with it, the others' stay.
-KEEPS_ARTIFACTS = {"dev": False, "multihost": True, "multislice": True, "autopilot": True, "queued": True}
+KEEPS_ARTIFACTS = {"dev": False, "multihost": True, "multislice": True, "autopilot": True, "queued": True, "serving": True}
 
 
 def prerequisites(resources: list[Resource], resource: Resource) -> set[tuple[str, str]]:
@@ -98,8 +99,8 @@ def test_kubernetes_objects_are_deleted_before_the_cluster_and_its_node_pools(st
     # The training pods (a Job or a JobSet, of each run) leave the TPU hosts before their pools go.
     runs = [r for r in kubernetes if r.name == "training"]
     assert len(runs) == len(parse_stack_config(stack_values(stack), stack).runs)
-    for training in runs:
-        assert node_pools - cpu_pool <= prerequisites(resources, training)
+    for training in runs:  # the serving pool's pods: tests/infra/test_serving.py
+        assert node_pools - cpu_pool - {(NODE_POOL, SERVING_POOL)} <= prerequisites(resources, training)
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)

@@ -21,6 +21,38 @@ JOB = "kubernetes:batch/v1:Job"
 BUCKET_ROLE = "gcp:storage/bucketIAMMember:BucketIAMMember"
 REPOSITORY = "gcp:artifactregistry/repository:Repository"
 SERVING_EMAIL = f"gemma-serving-serve@{PROJECT_ID}.iam.gserviceaccount.com"
+# What the serving stack declares beyond a training stack (tests/infra/test_stacks.py counts the rest).
+SERVING_RESOURCES = {
+    "gemma-tpu:infra:ServingInfra": 1,
+    "gemma-tpu:workloads:ServingDeployment": 1,
+    "gcp:serviceaccount/account:Account": 4,  # nodes, training, data preparation, serving
+    "gcp:storage/bucketIAMMember:BucketIAMMember": 4,
+    "gcp:serviceaccount/iAMMember:IAMMember": 3,
+    REPOSITORY: 2,  # the trainer's and the Docker Hub remote
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 2,
+    "kubernetes:core/v1:ServiceAccount": 3,
+    DEPLOYMENT: 1,
+    "kubernetes:core/v1:Service": 1,
+    "kubernetes:monitoring.googleapis.com/v1:PodMonitoring": 1,
+}
+
+
+def serving_grants(stack: str) -> set[tuple[str, str, str]]:
+    """The IAM grants serving adds to `stack` (none to a stack without it): read the artifacts, act
+    as the vllm ServiceAccount, let the nodes pull from the Docker Hub remote repository."""
+    if stack != "serving":
+        return set()
+    return {
+        (f"{PROJECT_ID}-serving-artifacts", "roles/storage.objectViewer", f"serviceAccount:{SERVING_EMAIL}"),
+        (f"projects/{PROJECT_ID}/serviceAccounts/{SERVING_EMAIL}", "roles/iam.workloadIdentityUser",
+         f"serviceAccount:{PROJECT_ID}.svc.id.goog[training/vllm]"),
+        ("gemma-serving-dockerhub", "roles/artifactregistry.reader", f"serviceAccount:gemma-serving-nodes@{PROJECT_ID}.iam.gserviceaccount.com"),
+    }  # fmt: skip
+
+
+def serving_accounts(stack: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The Kubernetes ServiceAccounts serving adds to `stack`, with their Workload Identity annotation."""
+    return {("training", "vllm"): {"iam.gke.io/gcp-service-account": SERVING_EMAIL}} if stack == "serving" else {}
 
 
 def serving_preview(**serving_keys):

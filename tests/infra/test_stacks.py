@@ -10,6 +10,7 @@ from infra.jobset import JOBSET_VERSION
 from infra.pricing import PRICE_PER_CHIP_HOUR_USD
 from infra.preview import PLACEHOLDER_DNS_ENDPOINT, preview
 from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
+from tests.infra.test_serving import SERVING_RESOURCES, serving_accounts, serving_grants
 
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
@@ -73,7 +74,7 @@ COMMON = {
     "gcp:monitoring/dashboard:Dashboard": 1,
     "gcp:monitoring/alertPolicy:AlertPolicy": 4,  # failed, restarts, low utilization, idle TPU nodes
 }
-NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0, "queued": 3}  # CPU pool + one per slice
+NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0, "queued": 3, "serving": 3}  # CPU pool + one per slice (+ serving's)
 JOB, JOBSET = "kubernetes:batch/v1:Job", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
 # Data preparation is a Job; training a Job on one host, a JobSet on several.
 RUN_OBJECTS = {
@@ -81,6 +82,7 @@ RUN_OBJECTS = {
     # Three runs of two datasets behind Kueue (its release and the group of the stack's queue objects).
     "queued": {JOB: 2, JOBSET: 3, "gemma-tpu:workloads:TrainingRun": 3, "gemma-tpu:workloads:DataPreparation": 2,
                "gemma-tpu:infra:KueueQueue": 1, "kubernetes:yaml/v2:ConfigFile": 2, "kubernetes:yaml/v2:ConfigGroup": 1},
+    "serving": {**SERVING_RESOURCES, JOB: 3},  # and the smoke Job
 }  # fmt: skip
 
 
@@ -97,6 +99,7 @@ EXPECTED_TPU_POOLS = {
     "multislice": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})] * 2,
     "autopilot": [],
     "queued": [("ct6e-standard-4t", 2, {"type": "COMPACT", "tpuTopology": "2x4"})] * 2,
+    "serving": [("ct6e-standard-4t", 1, None)],  # training's; the serving pool: tests/infra/test_serving.py
 }
 
 
@@ -186,7 +189,7 @@ def test_iam_grants_are_exactly_these(stack):
     nodes, training = f"serviceAccount:{nodes_email(stack)}", f"serviceAccount:{training_email(stack)}"
     preparation = f"serviceAccount:{preparation_email(stack)}"
     project = f"project {PROJECT_ID}"
-    assert iam_grants(stack) == {
+    assert iam_grants(stack) == serving_grants(stack) | {
         (project, "roles/container.defaultNodeServiceAccount", nodes),
         (f"gemma-{stack}", "roles/artifactregistry.reader", nodes),
         (f"{PROJECT_ID}-{stack}-data", "roles/storage.objectViewer", training),
@@ -221,7 +224,7 @@ def test_each_kubernetes_service_account_is_bound_to_its_own_google_account(stac
         (r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]): r.inputs["metadata"]["annotations"]
         for r in of_type(resources, "kubernetes:core/v1:ServiceAccount")
     }
-    assert accounts == {
+    assert accounts == serving_accounts(stack) | {
         ("training", "trainer"): {"iam.gke.io/gcp-service-account": training_email(stack)},
         ("training", "trainer-prep"): {"iam.gke.io/gcp-service-account": preparation_email(stack)},
     }
@@ -269,7 +272,7 @@ def test_apis_are_enabled_first_and_kept_on_destroy(stack):
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
 def test_registry_has_a_cleanup_policy(stack):
-    repository = one(previewed(stack).resources, "gcp:artifactregistry/repository:Repository").inputs
+    repository = one(previewed(stack).resources, "gcp:artifactregistry/repository:Repository", "trainer-images").inputs
     assert (repository["format"], repository["location"], repository["repositoryId"]) == ("DOCKER", "us-east5", f"gemma-{stack}")
     assert repository["cleanupPolicyDryRun"] is False
     actions = {policy["action"] for policy in repository["cleanupPolicies"]}
@@ -293,7 +296,7 @@ def test_outputs(stack):
     assert outputs["preparationServiceAccount"] == preparation_email(stack)
 
 
-CHIPS = {"dev": 1, "multihost": 8, "multislice": 16, "autopilot": 1, "queued": 16}
+CHIPS = {"dev": 1, "multihost": 8, "multislice": 16, "autopilot": 1, "queued": 16, "serving": 4}  # training's TPUs
 
 
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)

@@ -17,7 +17,7 @@ PYTHON311 := $(shell for p in python3.11 /usr/local/bin/python3.11 /usr/bin/pyth
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo chat-demo render fit policy-check lock lock-hf bench bench-quick bench-h200
+.PHONY: help setup test demo chat-demo render fit policy-check image-check lock lock-hf bench bench-quick bench-h200
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
@@ -25,6 +25,7 @@ help:
 	@echo "make chat-demo   a chat fine-tune of the tiny model on CPU, exported and answered through transformers (runs/chat-demo)"
 	@echo "make bench-quick   CPU benchmarks against the tutorial's method, ~3 min (make bench: full, ~30 min; BENCHMARKS.md)"
 	@echo "make bench-h200   the accelerator benchmark, on a machine with an NVIDIA H200 and jax[cuda12]"
+	@echo "make image-check   the trainer image's packages in a fresh virtualenv: their size, and the trainer run on them (PyPI, ~4 min)"
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
 	@echo "make lock   re-resolve the dependency locks from the pins (network; docs/dependencies.md)"
 	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
@@ -32,11 +33,12 @@ help:
 
 setup: $(STAMP)
 
-# Installed from the lock: every package at its pinned version and file hash (docs/dependencies.md).
-$(STAMP): requirements-dev.lock
+# Installed from the locks: every package at its pinned version and file hash (docs/dependencies.md): the
+# trainer image's packages (trainer/Dockerfile installs the same trainer locks), Pulumi and the test tools.
+$(STAMP): requirements-dev.lock trainer/requirements-no-deps.lock
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements-dev.lock
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements-dev.lock -r trainer/requirements-no-deps.lock
 	touch $@
 
 $(POLICY_STAMP): policy/requirements.txt
@@ -73,6 +75,11 @@ bench-quick: $(STAMP)
 bench-h200: $(STAMP)
 	$(PY) -m bench.h200
 
+# The trainer image's package set, installed with trainer/Dockerfile's pip line into a virtualenv under /tmp.
+image-check:
+	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (the image's Python)" >&2; exit 1; }
+	$(PYTHON312) -m bench.image
+
 render: $(STAMP)
 	$(PY) -m workloads render --stack $(STACK) --out rendered/$(STACK)
 
@@ -93,6 +100,14 @@ lock:
 	grep -v '^-c requirements.lock' requirements.txt | $(PIP_COMPILE) --output-file requirements.lock -
 	cd trainer && $(PIP_COMPILE) --output-file requirements.lock requirements-image.in
 	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt
+	@# pip-compile cannot leave a package's dependencies out: the --no-deps packages' wheels are hashed here.
+	rm -rf $(LOCK_VENV)/no-deps && env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(LOCK_VENV)/bin/pip download \
+		--quiet --no-deps --only-binary :all: --dest $(LOCK_VENV)/no-deps -r trainer/requirements-no-deps.txt
+	{ echo "# Made by \`make lock\` from requirements-no-deps.txt: each wheel's sha256. pip install --no-deps."; \
+	for wheel in $(LOCK_VENV)/no-deps/*.whl; do \
+		echo "$$(basename $$wheel | cut -d- -f1 | tr _ -)==$$(basename $$wheel | cut -d- -f2) \\"; \
+		echo "    --hash=sha256:$$(sha256sum $$wheel | cut -d' ' -f1)"; \
+	done; } > trainer/requirements-no-deps.lock
 # The Hugging Face check's lock (.venv-hf): the same pip-compile on Python 3.11, keeping requirements-hf.txt's
 # --find-links /opt/wheels, where the CPU torch wheel is (its hash is that file's).
 LOCK_HF_VENV := /tmp/gemma-tpu-lock-hf

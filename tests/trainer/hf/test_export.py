@@ -66,11 +66,12 @@ def rich_config(vocab):
     )
 
 
-def perturbed(params, seed=1):
-    """Random weights whose norm scales are not 0 (so that (1 + w) against w would show)."""
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(tree, [leaf + 0.1 * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)])
+def random_params(config, seed=1):
+    """Random N(0, 0.1) weights of `config`'s model, norm scales included (so that (1 + w) against w would
+    show). Drawn by numpy from the traced shapes: initialising the model would compile it (seconds a config)."""
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    return jax.tree.map(lambda leaf: jnp.asarray(0.1 * rng.standard_normal(leaf.shape), leaf.dtype), shapes)
 
 
 def break_export(source: pathlib.Path, target: pathlib.Path, change) -> pathlib.Path:
@@ -116,7 +117,10 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
         pytest.skip(f"no Hugging Face check environment at {HF_PYTHON}: run `make .venv-hf/.installed` (or set HF_PYTHON)")
     root = tmp_path_factory.mktemp("export")
     full = train(root / "full_run", prepared_dir, tokenizer_path)
-    lora = train(root / "lora_run", prepared_dir, tokenizer_path, "--lora-rank", "4")
+    # LoRA on the full run's weights, as on a published model: its base is read, not initialised again (an
+    # XLA compile) by the run and by each export of it.
+    lora = train(root / "lora_run", prepared_dir, tokenizer_path, "--lora-rank", "4", "--weights",
+                 str(full / "export" / "params"))
     for run, out, extra in ((full, "full", []), (lora, "merged", []), (lora, "adapter", ["--lora-export", "adapter"]),
                             (lora, "base", ["--lora-export", "base"])):
         assert export.main(["--run", str(run), "--format", "hf", "--out", str(root / out), "--dtype", "float32", *extra]) == 0
@@ -124,7 +128,7 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     tiny = models.tiny_config(tokenizer.vocab_size)
     rich = rich_config(tokenizer.vocab_size)
-    rich_params = perturbed(models.init_params(rich, seed=0))
+    rich_params = random_params(rich)
     (root / "rich").mkdir()
     export.write_model(root / "rich", rich, rich_params, tokenizer, dtype="float32", max_shard_bytes=200_000)
     break_export(root / "full", root / "swapped_kv", swap_k_v)

@@ -72,7 +72,6 @@ class ServingConfig:
     """The vLLM Deployment of one run's export and the TPU slice each of its replicas runs on."""
 
     run: str  # the run (gemma-tpu:runs name, or training.runName) whose export is served
-    model: str  # that run's model, a key of SERVED_MODELS
     image: str  # the vLLM TPU image, pinned by digest
     slice: SliceSpec  # one single-host slice a replica; tensor parallel over its chips
     capacity: str  # on-demand | spot
@@ -144,7 +143,6 @@ def check_serving(section: Section, request: _Request, runs: tuple[RunConfig, ..
     _check_fits(section, run.training.model, model, slice_spec, max_model_len)
     return ServingConfig(
         run=run.name,
-        model=run.training.model,
         image=request.image,
         slice=slice_spec,
         capacity=request.capacity,

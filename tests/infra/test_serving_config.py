@@ -34,7 +34,7 @@ def test_serving_is_off_unless_enabled():
 
 def test_defaults_serve_the_stacks_run_on_one_chip():
     serving = serving_config().serving
-    assert (serving.run, serving.model, serving.slice.topology, serving.slice.chips) == ("gemma-finetune", "gemma3-270m", "1x1", 1)
+    assert (serving.run, serving.slice.topology, serving.slice.chips) == ("gemma-finetune", "1x1", 1)
     assert (serving.replicas, serving.max_replicas, serving.autoscaled, serving.lora_rank) == (1, 1, False, None)
     assert serving.max_model_len == 8192
 

@@ -79,6 +79,7 @@ class TrainConfig:
     compute_dtype: str = "auto"
     attention: str = "auto"  # ATTENTIONS
     remat: str = "auto"  # REMATS
+    vocab_chunk: str = "auto"  # auto, none or a number of vocabulary rows (trainer.vocab_chunk)
     eval_fraction: float = 0.01
     eval_interval: int = 500
     checkpoint_dir: str | None = None  # None: WORKDIR/checkpoints
@@ -137,6 +138,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _vocab_chunk(text: str) -> str:
+    if text in ("auto", "none"):
+        return text
+    try:
+        return str(_positive_int(text))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, none or a positive number of vocabulary rows, got {text!r}") from None
 
 
 def _non_negative_int(text: str) -> int:
@@ -251,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"block-sparse over documents and Gemma 3's sliding window); auto: splash on TPU when --seq-len is a multiple of 128 (default {d.attention})")
     add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul outputs) or full (keeps each "
         f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
+    add("--vocab-chunk", type=_vocab_chunk, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "
+        "auto: on TPU the fastest by the compiler's figures that fits, elsewhere none unless [tokens per device, vocab] "
+        f"logits pass 2^26 elements, then 16384 (default {d.vocab_chunk})")
     add("--eval-fraction", type=_fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")
     add("--eval-interval", type=_positive_int, help=f"steps between evaluations (default {d.eval_interval})")
     add("--checkpoint-dir", help="Orbax checkpoints, a local directory or gs:// path; a run resumes from its latest (default WORKDIR/checkpoints)")

@@ -82,7 +82,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
-    _check_batch(config, device_mesh)
+    mesh.check_batch(config.batch_size, device_mesh)
     total_steps = config.steps or config.epochs * data_lib.steps_per_epoch(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, eval_fraction=config.eval_fraction
     )
@@ -105,10 +105,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         abstract = step.abstract_state(trained, optimizer, state_shardings_fn=run_step.shard)
         start_step, state = checkpointer.restore_latest(abstract, train_batches)
 
-    # Compiled ahead of its first call, so that --remat auto can try the next policy when one does not fit.
+    # Compiled ahead of its first call, so that --remat and --vocab-chunk auto can try the next candidate
+    # when one does not fit.
     run_step, lowered, compiled_train = step.compile_run_step(
-        config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype,
-        train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
+        run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
     if is_main:
@@ -201,12 +201,6 @@ def batch_digest(local_batch: dict) -> str:
     return digest.hexdigest()[:12]
 
 
-def _check_batch(config: TrainConfig, device_mesh) -> None:
-    for divisor, what in ((device_mesh.size, f"the {device_mesh.size} devices"), (jax.process_count(), f"the {jax.process_count()} processes")):
-        if config.batch_size % divisor:
-            raise UserError(f"--batch-size {config.batch_size} must be a multiple of {what}")
-
-
 def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_config, inputs: Inputs, total_steps: int,
                           mesh_shape: dict, compute_dtype, run_step: step.RunStep, step_fingerprint: str) -> None:
     resolved = {
@@ -226,6 +220,7 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "compute_dtype": jnp.dtype(compute_dtype).name,
         "attention_kind": run_step.layers.attention,  # what --attention auto and --remat auto became
         "remat_policy": run_step.layers.remat,
+        "vocab_chunk": run_step.vocab_chunk,  # what --vocab-chunk became (null: plain logits)
         # The lowered train step's digest: `python -m workloads fit` reports the same for the program it compiled.
         "step_fingerprint": step_fingerprint,
         "model_config": dataclasses.asdict(model_config),

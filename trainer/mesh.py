@@ -197,6 +197,14 @@ def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -
     return Mesh(device_array, BATCH_AXES)
 
 
+def check_batch(batch_size: int, mesh: Mesh) -> None:
+    """--batch-size must split evenly over the mesh's devices and the processes (hosts) that hold them."""
+    processes = len({device.process_index for device in mesh.devices.flat})
+    for divisor, what in ((mesh.size, f"the {mesh.size} devices"), (processes, f"the {processes} processes")):
+        if batch_size % divisor:
+            raise UserError(f"--batch-size {batch_size} must be a multiple of {what}")
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 

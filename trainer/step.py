@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from trainer import layers as layers_lib
-from trainer import loss, mesh, models
+from trainer import loss, mesh, models, vocab_chunk
 
 State = dict[str, Any]
 
@@ -156,6 +156,8 @@ class RunStep:
     optimizer_config: OptimizerConfig
     compute_dtype: Any
     device_mesh: Any
+    softcap: float | None
+    state_shardings: Any
     vocab_chunk: int | None
     layers: layers_lib.LayerOptions
     functions: StepFunctions
@@ -164,33 +166,37 @@ class RunStep:
         """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.mesh)."""
         return mesh.state_shardings(self.device_mesh, tree)
 
+    def choosing(self, *, remat: str, vocab_chunk: int | None) -> RunStep:
+        """The same step with another rematerialisation policy and vocabulary chunk."""
+        layers = dataclasses.replace(self.layers, remat=remat)
+        functions = make_step_functions(self.model, self.optimizer, compute_dtype=self.compute_dtype, softcap=self.softcap,
+                                        vocab_chunk=vocab_chunk, state_shardings=self.state_shardings, layers=layers)
+        return dataclasses.replace(self, vocab_chunk=vocab_chunk, layers=layers, functions=functions)
 
-def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype, remat: str | None = None,
-                   vocab_chunk: int | None = None) -> RunStep:
-    """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule; `remat` is
-    one policy (default: the first candidate of config.remat); `vocab_chunk` overrides trainer.loss's
-    choice (the vocabulary size or more: plain logits)."""
+
+def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype) -> RunStep:
+    """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule. The step has
+    the first policy of --remat and the --vocab-chunk that needs no compiler (trainer.vocab_chunk.fixed);
+    compile_run_step settles both."""
     optimizer_config = OptimizerConfig(
         lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
         weight_decay=config.weight_decay, grad_clip=config.grad_clip,
     )
     optimizer = build_optimizer(optimizer_config)
     model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
-    if vocab_chunk is None:
-        vocab_chunk = loss.choose_vocab_chunk(config.batch_size * config.seq_len // device_mesh.size, model_config.num_embed)
-    shard = lambda tree: mesh.state_shardings(device_mesh, tree)  # noqa: E731
     trained, _ = abstract_params(config, model_config)
     platform = device_mesh.devices.flat[0].platform
     layers = layers_lib.LayerOptions(
         attention=layers_lib.choose_attention(config.attention, platform=platform, seq_len=config.seq_len),
-        remat=remat or remat_candidates(config.remat)[0], mesh=device_mesh, batch_axes=mesh.BATCH_AXES,
-        interpret=platform != "tpu")
-    functions = make_step_functions(
-        model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap, vocab_chunk=vocab_chunk,
-        state_shardings=shard(jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), trained)), layers=layers,
-    )
+        remat=remat_candidates(config.remat)[0], mesh=device_mesh, batch_axes=mesh.BATCH_AXES, interpret=platform != "tpu")
+    state_shardings = mesh.state_shardings(device_mesh, jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), trained))
+    chunk = vocab_chunk.fixed(config.vocab_chunk, tokens_per_chip=config.batch_size * config.seq_len // device_mesh.size,
+                              vocab_size=model_config.num_embed)
+    functions = make_step_functions(model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap,
+                                    vocab_chunk=chunk, state_shardings=state_shardings, layers=layers)
     return RunStep(model=model, optimizer=optimizer, optimizer_config=optimizer_config, compute_dtype=compute_dtype,
-                   device_mesh=device_mesh, vocab_chunk=vocab_chunk, layers=layers, functions=functions)
+                   device_mesh=device_mesh, softcap=model_config.final_logit_softcap, state_shardings=state_shardings,
+                   vocab_chunk=chunk, layers=layers, functions=functions)
 
 
 def remat_candidates(requested: str) -> tuple[str, ...]:
@@ -198,26 +204,66 @@ def remat_candidates(requested: str) -> tuple[str, ...]:
     return tuple(layers_lib.REMAT_POLICIES) if requested == "auto" else (requested,)
 
 
-def out_of_memory(error: Exception) -> bool:
-    """Whether a compile failed because the program does not fit the device's memory."""
-    return "RESOURCE_EXHAUSTED" in str(error)
+@dataclasses.dataclass(frozen=True)
+class MemoryRefusal(Exception):
+    """The compiler's verdict on a program that does not fit: `required` bytes of `what` per chip exceed
+    the `available` HBM."""
+
+    what: str
+    required: int
+    available: int
 
 
-def compile_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype, train_args: Callable,
-                     vocab_chunk: int | None = None):
-    """(run_step, lowered, compiled train step) with the first rematerialisation policy of config.remat
-    whose program the compiler fits in memory; `train_args(run_step)` gives the train step's arguments
-    (arrays or shapes). The last policy's refusal is raised."""
-    candidates = remat_candidates(config.remat)
-    for remat in candidates:
-        run_step = build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype,
-                                  remat=remat, vocab_chunk=vocab_chunk)
-        lowered = run_step.functions.train.lower(*train_args(run_step))
-        try:
-            return run_step, lowered, lowered.compile()
-        except jax.errors.JaxRuntimeError as error:
-            if not out_of_memory(error) or remat == candidates[-1]:
-                raise
+_REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*?required for (?P<what>.+?) \((?P<required>[\d.]+)G\) exceeds available HBM "
+                      r"\((?P<available>[\d.]+)G\)", re.S)
+
+
+def memory_refusal(error: Exception) -> MemoryRefusal | None:
+    """The memory refusal a failed compile carries, or None when it failed for another reason."""
+    match = _REFUSAL.search(str(error))
+    if match is None:
+        return None
+    return MemoryRefusal(match["what"], int(float(match["required"]) * 2**30), int(float(match["available"]) * 2**30))
+
+
+def chunk_candidates(run_step: RunStep, config, model_config) -> list[vocab_chunk.HeadCost | None]:
+    """--vocab-chunk's candidates, best first: on TPU with auto, ranked by the compiler
+    (trainer.vocab_chunk); otherwise the one chunk build_run_step took, as None (no figures)."""
+    platform = run_step.device_mesh.devices.flat[0].platform
+    if config.vocab_chunk != "auto" or platform != "tpu" or len(vocab_chunk.candidates(model_config.num_embed)) == 1:
+        return [None]
+    return vocab_chunk.ranked(run_step.device_mesh, run_step.compute_dtype, tokens=config.batch_size * config.seq_len,
+                              embed_dim=model_config.embed_dim, vocab_size=model_config.num_embed, softcap=run_step.softcap)
+
+
+def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.HeadCost | None, short: int) -> bool:
+    """Whether `head` may fit where the step with `refused_head` was `short` bytes over: its head's
+    temporaries must be that much smaller (steps that differ only in their head differ by about that)."""
+    return refused_head is None or refused_head.temporaries - head.temporaries >= short
+
+
+def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Callable):
+    """(run_step, lowered, compiled train step): the first rematerialisation policy of --remat whose step
+    the compiler fits in memory, with the fastest vocabulary chunk that fits beside it. A candidate whose
+    head cannot free the bytes the last refusal was short of is not compiled. `train_args(run_step)` gives
+    the train step's arguments (arrays or shapes); the last refusal is raised."""
+    chunks = chunk_candidates(run_step, config, model_config)
+    refused = None
+    for remat in remat_candidates(config.remat):
+        short, tried = 0, None
+        for head in chunks:
+            if not frees_enough(head, tried, short):
+                continue
+            candidate = run_step.choosing(remat=remat, vocab_chunk=run_step.vocab_chunk if head is None else head.chunk)
+            lowered = candidate.functions.train.lower(*train_args(candidate))
+            try:
+                return candidate, lowered, lowered.compile()
+            except jax.errors.JaxRuntimeError as error:
+                refusal = memory_refusal(error)
+                if refusal is None:
+                    raise
+                refused, short, tried = error, refusal.required - refusal.available, head
+    raise refused
 
 
 def abstract_params(config, model_config):

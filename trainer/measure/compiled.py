@@ -7,8 +7,8 @@ and shardings only. Two figures need care:
 - FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. The step's
   one loop is the vocabulary-chunked log-sum-exp (trainer.loss): a forward map and, under
   jax.checkpoint, a backward map that recomputes a chunk's logits and takes both gradients. The
-  compiler's cost of one such chunk (trainer.loss.chunk_logsumexp, forward and gradients, compiled
-  alone on the same mesh) times the (chunks - 1) missing iterations is added. A Pallas kernel (splash
+  compiler's cost of one such chunk (forward and gradients, compiled alone on the same mesh) times
+  the (chunks - 1) missing iterations is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
   attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,
@@ -27,15 +27,13 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer import loss, mesh, models, precision, step
+from trainer import mesh, models, precision, step, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import flops, hardware
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
-_OOM = re.compile(r"RESOURCE_EXHAUSTED.*?required for (?P<what>.+?) \((?P<required>[\d.]+)G\) exceeds available HBM "
-                  r"\((?P<available>[\d.]+)G\)", re.S)
 _GIB = 2**30
 
 
@@ -60,15 +58,6 @@ def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list
         raise UserError(f"topology {accelerator} {topology} x {num_slices} slice(s): the TPU compiler refuses it ({reason})") from None
 
 
-@dataclasses.dataclass(frozen=True)
-class DoesNotFit(Exception):
-    """The compiler's own verdict: `required` bytes of `what` exceed the `available` HBM per chip."""
-
-    what: str
-    required: int
-    available: int
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CompiledStep:
     device_kind: str
@@ -76,6 +65,7 @@ class CompiledStep:
     batch_size: int
     attention: str  # dense or splash, as --attention auto chose
     remat: str  # the rematerialisation policy that fits, as --remat auto chose
+    vocab_chunk: int | None  # the loss head's vocabulary chunk, as --vocab-chunk auto chose (None: plain logits)
     arguments: int
     outputs: int
     temporaries: int
@@ -103,26 +93,6 @@ class CompiledStep:
         return self.bytes_reported + self.bytes_loop_correction + self.bytes_kernels
 
 
-def vocab_loop_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
-    """(FLOPs, bytes accessed) per chip of the vocabulary-chunk iterations the cost analysis leaves
-    out: (chunks - 1) times the compiler's own cost of one chunk's forward, recompute and gradients."""
-    chunk = run_step.vocab_chunk
-    if chunk is None or chunk >= model_config.num_embed:
-        return 0.0, 0.0
-    chunks = math.ceil(model_config.num_embed / chunk)
-    device_mesh, dtype = run_step.device_mesh, run_step.compute_dtype
-    replicated = jax.sharding.NamedSharding(device_mesh, jax.sharding.PartitionSpec())
-    hidden = jax.ShapeDtypeStruct((config.batch_size * config.seq_len, model_config.embed_dim), dtype,
-                                  sharding=jax.sharding.NamedSharding(device_mesh, jax.sharding.PartitionSpec(mesh.BATCH_AXES)))
-    weights = jax.ShapeDtypeStruct((chunk, model_config.embed_dim), dtype, sharding=replicated)
-    valid = jax.ShapeDtypeStruct((chunk,), jnp.bool_, sharding=replicated)
-    softcap = model_config.final_logit_softcap
-    body = jax.checkpoint(lambda h, c, v: jnp.sum(loss.chunk_logsumexp(h, c, v, softcap)))
-    cost = jax.jit(jax.value_and_grad(body, argnums=(0, 1))).lower(hidden, weights, valid).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return (chunks - 1) * float(cost.get("flops", 0.0)), (chunks - 1) * float(cost.get("bytes accessed", 0.0))
-
-
 def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
     """(FLOPs, bytes) per chip of the splash attention kernels, which the cost analysis cannot see."""
     if run_step.layers.attention != "splash":
@@ -138,8 +108,7 @@ def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tu
 
 def _mesh_and_dtype(config: TrainConfig, devices, num_slices: int):
     device_mesh = mesh.build_mesh(config.mesh, slices=num_slices, devices=devices)
-    if config.batch_size % device_mesh.size:
-        raise UserError(f"--batch-size {config.batch_size} must be a multiple of the {device_mesh.size} devices")
+    mesh.check_batch(config.batch_size, device_mesh)
     return device_mesh, precision.compute_dtype(config.compute_dtype, backend=devices[0].platform)
 
 
@@ -151,27 +120,28 @@ def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: 
     return run_step, run_step.functions.train.lower(*step.abstract_train_args(run_step, config, model_config))
 
 
-def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1, total_steps: int = 1000,
-                       vocab_chunk: int | None = None) -> CompiledStep:
-    """The step compiled for `devices` as trainer.loop compiles it (--remat auto: the first policy that
-    fits); raises DoesNotFit when the compiler refuses it for memory."""
+def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1, total_steps: int = 1000) -> CompiledStep:
+    """The step compiled for `devices` as trainer.loop compiles it (--remat and --vocab-chunk auto: as
+    trainer.step.compile_run_step settles them); raises step.MemoryRefusal when the compiler refuses it."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
     try:
         run_step, lowered, compiled = step.compile_run_step(
-            config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype, vocab_chunk=vocab_chunk,
-            train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
+            run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
     except jax.errors.JaxRuntimeError as error:
-        if match := _OOM.search(str(error)):
-            raise DoesNotFit(match["what"], int(float(match["required"]) * _GIB), int(float(match["available"]) * _GIB)) from None
+        if refusal := step.memory_refusal(error):
+            raise refusal from None
         raise
     memory = compiled.memory_analysis()
-    loop_flops, loop_bytes = vocab_loop_cost(run_step, config, model_config)
+    loop_flops, loop_bytes = vocab_chunk.loop_cost(
+        device_mesh, compute_dtype, tokens=config.batch_size * config.seq_len, embed_dim=model_config.embed_dim,
+        vocab_size=model_config.num_embed, chunk=run_step.vocab_chunk, softcap=run_step.softcap)
     attention_flops, attention_bytes = kernel_cost(run_step, config, model_config)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return CompiledStep(
         device_kind=devices[0].device_kind, chips=len(devices), batch_size=config.batch_size,
-        attention=run_step.layers.attention, remat=run_step.layers.remat,
+        attention=run_step.layers.attention, remat=run_step.layers.remat, vocab_chunk=run_step.vocab_chunk,
         arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
         temporaries=memory.temp_size_in_bytes, aliased=memory.alias_size_in_bytes,
         generated_code=memory.generated_code_size_in_bytes,
@@ -205,10 +175,10 @@ def usable_hbm_bytes(devices) -> int:
         try:
             jax.jit(too_large).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=one)).compile()
         except jax.errors.JaxRuntimeError as error:
-            match = _OOM.search(str(error))
-            if not match:
+            refusal = step.memory_refusal(error)
+            if refusal is None:
                 raise
-            _usable_hbm[kind] = int(float(match["available"]) * _GIB)
+            _usable_hbm[kind] = refusal.available
         else:
             raise RuntimeError(f"{kind}: a 256 GiB temporary compiled; cannot tell the usable HBM")
     return _usable_hbm[kind]
@@ -221,7 +191,7 @@ class Fit:
     config: TrainConfig
     model_config: object
     compiled: CompiledStep | None  # None: the run's own batch does not fit
-    refused: DoesNotFit | None
+    refused: step.MemoryRefusal | None
     usable_hbm: int
     largest_batch: int
 
@@ -258,30 +228,31 @@ class Fit:
             "mfu_bound": model_flops / compiled.chips / chip.peak_bf16_flops / bound_s,
             "fits": compiled.bytes_per_chip <= self.usable_hbm,
             "headroom_gib": round((self.usable_hbm - compiled.bytes_per_chip) / _GIB, 2),
-            "attention": compiled.attention, "remat": compiled.remat, "l_by_l_tensor": compiled.dense_attention_mask,
+            "attention": compiled.attention, "remat": compiled.remat, "vocab_chunk": compiled.vocab_chunk,
+            "l_by_l_tensor": compiled.dense_attention_mask,
             "step_fingerprint": compiled.fingerprint,
         }
 
 
-def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | DoesNotFit:
+def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | step.MemoryRefusal:
     try:
         return compile_train_step(config, model_config, devices, num_slices=num_slices)
-    except DoesNotFit as refused:
+    except step.MemoryRefusal as refused:
         return refused
 
 
-def _needed(result: CompiledStep | DoesNotFit) -> int:
+def _needed(result: CompiledStep | step.MemoryRefusal) -> int:
     return result.bytes_per_chip if isinstance(result, CompiledStep) else result.required
 
 
 def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
-                  first: CompiledStep | DoesNotFit) -> int:
+                  first: CompiledStep | step.MemoryRefusal) -> int:
     """The largest global batch (a multiple of the chips) whose step fits, from the compiler: memory
     per chip is affine in the batch, so two compiles give the line, and a third checks its answer
     (stepping down one multiple at a time while the compiler refuses it)."""
     unit = len(devices)
     other_batch = config.batch_size * 2 if config.batch_size > unit else config.batch_size + unit
-    if isinstance(first, DoesNotFit) and config.batch_size > unit:
+    if isinstance(first, step.MemoryRefusal) and config.batch_size > unit:
         other_batch = max(unit, config.batch_size // 4 // unit * unit)
     other = _try_compile(dataclasses.replace(config, batch_size=other_batch), model_config, devices, num_slices)
     (b1, m1), (b2, m2) = sorted([(config.batch_size, _needed(first)), (other_batch, _needed(other))])
@@ -306,6 +277,6 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     usable = usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices)
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else 0
-    if isinstance(first, DoesNotFit):
+    if isinstance(first, step.MemoryRefusal):
         return Fit(config=config, model_config=model_config, compiled=None, refused=first, usable_hbm=usable, largest_batch=batch)
     return Fit(config=config, model_config=model_config, compiled=first, refused=None, usable_hbm=usable, largest_batch=batch)

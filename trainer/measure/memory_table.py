@@ -17,6 +17,7 @@ import os
 import pathlib
 import sys
 
+from trainer.config import GEMMA3_MODELS
 from trainer.errors import entry_point
 from trainer.measure import memory
 
@@ -58,21 +59,37 @@ def compile_entry(model: str, lora_rank: int, topology: str, slices: int) -> dic
     return {"model": model, "lora_rank": lora_rank, "topology": topology, "slices": slices,
             "compiled_gib": round(report["compiled_bytes_per_chip"] / _GIB, 2),
             "usable_gib": round(report["usable_hbm_bytes_per_chip"] / _GIB, 2), "fits": report["fits"],
-            "remat": report.get("remat"), "attention": report.get("attention"),
+            "remat": report.get("remat"), "attention": report.get("attention"), "vocab_chunk": report.get("vocab_chunk"),
             "step_fingerprint": report.get("step_fingerprint"), "formula_gib": formula_gib(model, lora_rank, topology, slices)}
 
 
 def markdown(entries: list[dict]) -> str:
-    rows = ["| model | mode | slice | batch/chip | compiled GiB/chip | formula GiB | fits (compiler) | remat |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | mode | slice | batch/chip | compiled GiB/chip | formula GiB | fits (compiler) | remat | vocab chunk |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         chips = memory.Shape("v6e", e["topology"]).chips
         mode = f"LoRA r={e['lora_rank']}" if e["lora_rank"] else "full"
         shape = f"v6e {e['topology']}" + (f" x {e['slices']}" if e["slices"] > 1 else "")
         fits = "yes" if e["fits"] else f"no (needs {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"
         rows.append(f"| {e['model']} | {mode} | {shape} | {GLOBAL_BATCH // (chips * e['slices'])} | {e['compiled_gib']:.2f} | "
-                    f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} |")
+                    f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} | {_chunk(e)} |")
     return "\n".join(rows)
+
+
+def _chunk(entry: dict) -> str:
+    if not entry["fits"]:
+        return "-"
+    return "all" if entry["vocab_chunk"] is None else str(entry["vocab_chunk"])
+
+
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old` with the entries `new` compiles again replaced, in the table's order (model size, full
+    before LoRA, SHAPES)."""
+    key = lambda e: (e["model"], e["lora_rank"], e["topology"], e["slices"])  # noqa: E731
+    by_key = {key(e): e for e in old} | {key(e): e for e in new}
+    shape_order = {shape: i for i, shape in enumerate(SHAPES)}
+    return sorted(by_key.values(), key=lambda e: (list(GEMMA3_MODELS).index(e["model"]), e["lora_rank"],
+                                                   shape_order[(e["topology"], e["slices"])]))
 
 
 def write_entries(entries: list[dict], path: pathlib.Path) -> None:
@@ -96,12 +113,12 @@ def main(argv=None) -> int | None:
     args = parser.parse_args(argv)
     if not args.print_only:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        entries = []
+        entries = read_entries(args.out) if args.out.exists() else []
         for model in args.models:
             for rank in (0, LORA_RANK):
                 for shape in args.shapes:
                     topology, slices = shape.split("/")
-                    entries.append(compile_entry(model, rank, topology, int(slices)))
+                    entries = merged(entries, [compile_entry(model, rank, topology, int(slices))])
                     write_entries(entries, args.out)  # after each compile: minutes of work are not lost
     print(markdown(read_entries(args.out)))
     return 0

@@ -61,7 +61,7 @@ def test_the_vocabulary_loop_is_counted_once_per_iteration(tiny_step, model_conf
     """Chunked into 4, the compiler sees one iteration of the loop; with the missing three added, the
     step costs what the plain-logits step does plus the chunks' recomputed forward (2 FLOPs a
     multiply-add of [tokens, vocab] x [vocab, embed], under jax.checkpoint)."""
-    chunked = compiled.compile_train_step(TINY, model_config, v6e_2x2, vocab_chunk=VOCAB // 4)
+    chunked = compiled.compile_train_step(dataclasses.replace(TINY, vocab_chunk=str(VOCAB // 4)), model_config, v6e_2x2)
     tokens_per_chip = TINY.batch_size * TINY.seq_len / 4
     # The compiler's count of the missing three iterations: 8 FLOPs a multiply-add (forward, recompute, 2 gradients).
     assert chunked.flops_loop_correction == pytest.approx(3 * 8 * tokens_per_chip * (VOCAB // 4) * model_config.embed_dim, rel=0.1)

@@ -1,0 +1,110 @@
+"""How many vocabulary rows the loss takes logits of at a time (trainer.loss), chosen on TPU by the compiler.
+
+Gemma's 262,144-entry vocabulary makes the loss head the step's largest tensor: [tokens, vocab] float32
+logits. Chunking bounds them to [tokens, chunk] at a price in bytes (every chunk re-reads the hidden
+states and adds into their gradient), so the best chunk depends on the model, the tokens per chip and
+the chip. On TPU the head alone (hidden states and embedding to the summed loss, with both
+gradients, sharded as in the step) is compiled for each candidate on the run's mesh, seconds each,
+and the candidates are ranked by the compiler's figures: the roofline time of their FLOPs and bytes
+(every loop iteration counted, see `loop_cost`), then their temporaries. trainer.step compiles the
+whole step with the fastest and, when the compiler refuses it for memory, goes on to the fastest
+candidate whose head frees the bytes it was short. On CPU and GPU memory is not what limits a run:
+trainer.loss's size rule decides there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from trainer import loss, mesh
+from trainer.measure import hardware
+
+# Plain logits, then chunks of 2^16 down to 2^12 rows; those not below the vocabulary are left out.
+CANDIDATES = (None, 65_536, 32_768, 16_384, 8_192, 4_096)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeadCost:
+    """The compiler's figures for the loss head with one vocabulary chunk, per chip."""
+
+    chunk: int | None
+    flops: float
+    bytes_accessed: float
+    temporaries: int
+    roofline_s: float  # the larger of FLOPs / peak and bytes / HBM bandwidth
+
+
+def _cost(compiled) -> tuple[float, float]:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def _hidden(device_mesh, tokens: int, embed_dim: int, dtype) -> jax.ShapeDtypeStruct:
+    """The final hidden states of `tokens` positions, split over the batch axes as the step splits them."""
+    return jax.ShapeDtypeStruct((tokens, embed_dim), dtype, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
+
+
+def loop_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int, chunk: int | None,
+              softcap: float | None) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) per chip that XLA's cost analysis leaves out of a chunked head: it counts
+    a loop body once, so the (chunks - 1) missing iterations are the compiler's own cost of one chunk's
+    forward, recompute and gradients, compiled alone on the same mesh."""
+    if chunk is None or chunk >= vocab_size:
+        return 0.0, 0.0
+    replicated = NamedSharding(device_mesh, PartitionSpec())
+    weights = jax.ShapeDtypeStruct((chunk, embed_dim), compute_dtype, sharding=replicated)
+    valid = jax.ShapeDtypeStruct((chunk,), jnp.bool_, sharding=replicated)
+    body = jax.checkpoint(lambda h, c, v: jnp.sum(loss.chunk_logsumexp(h, c, v, softcap)))
+    compiled = jax.jit(jax.value_and_grad(body, argnums=(0, 1))).lower(
+        _hidden(device_mesh, tokens, embed_dim, compute_dtype), weights, valid).compile()
+    flops, bytes_accessed = _cost(compiled)
+    return (math.ceil(vocab_size / chunk) - 1) * flops, (math.ceil(vocab_size / chunk) - 1) * bytes_accessed
+
+
+def head_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int, chunk: int | None,
+              softcap: float | None) -> HeadCost:
+    """The head with `chunk`, compiled for `device_mesh` (compile-only TPU devices will do)."""
+    embedding_sharding = mesh.state_shardings(device_mesh, jax.ShapeDtypeStruct((vocab_size, embed_dim), jnp.float32))
+    embedding = jax.ShapeDtypeStruct((vocab_size, embed_dim), compute_dtype, sharding=embedding_sharding)
+    targets = jax.ShapeDtypeStruct((tokens,), jnp.int32, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
+    head = lambda h, e, t: jnp.sum(loss.token_losses(h, e, t, softcap=softcap, vocab_chunk=chunk))  # noqa: E731
+    compiled = jax.jit(jax.value_and_grad(head, argnums=(0, 1))).lower(
+        _hidden(device_mesh, tokens, embed_dim, compute_dtype), embedding, targets).compile()
+    flops, bytes_accessed = _cost(compiled)
+    missing_flops, missing_bytes = loop_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim,
+                                             vocab_size=vocab_size, chunk=chunk, softcap=softcap)
+    flops, bytes_accessed = flops + missing_flops, bytes_accessed + missing_bytes
+    chip = hardware.CHIPS[device_mesh.devices.flat[0].device_kind]
+    return HeadCost(chunk=chunk, flops=flops, bytes_accessed=bytes_accessed,
+                    temporaries=compiled.memory_analysis().temp_size_in_bytes,
+                    roofline_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s))
+
+
+def candidates(vocab_size: int) -> tuple[int | None, ...]:
+    """The chunks worth comparing for a vocabulary: plain logits and the chunks below its size."""
+    return tuple(chunk for chunk in CANDIDATES if chunk is None or chunk < vocab_size)
+
+
+def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int,
+           softcap: float | None) -> list[HeadCost]:
+    """Every candidate's head cost, fastest first (fewer temporaries breaking a tie)."""
+    costs = [head_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim, vocab_size=vocab_size, chunk=chunk,
+                       softcap=softcap)
+             for chunk in candidates(vocab_size)]
+    return sorted(costs, key=lambda cost: (cost.roofline_s, cost.temporaries))
+
+
+def fixed(requested: str, *, tokens_per_chip: int, vocab_size: int) -> int | None:
+    """The chunk of a --vocab-chunk that needs no compiler: a number, none (plain logits), or for auto
+    trainer.loss's size rule (what auto is off TPU)."""
+    if requested == "none":
+        return None
+    if requested == "auto":
+        return loss.choose_vocab_chunk(tokens_per_chip, vocab_size)
+    return int(requested)

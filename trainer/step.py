@@ -232,8 +232,9 @@ def chunk_candidates(run_step: RunStep, config, model_config) -> list[vocab_chun
     platform = run_step.device_mesh.devices.flat[0].platform
     if config.vocab_chunk != "auto" or platform != "tpu" or len(vocab_chunk.candidates(model_config.num_embed)) == 1:
         return [None]
-    return vocab_chunk.ranked(run_step.device_mesh, run_step.compute_dtype, tokens=config.batch_size * config.seq_len,
-                              embed_dim=model_config.embed_dim, vocab_size=model_config.num_embed, softcap=run_step.softcap)
+    heads = vocab_chunk.ranked(run_step.device_mesh, run_step.compute_dtype, tokens=config.batch_size * config.seq_len,
+                               embed_dim=model_config.embed_dim, vocab_size=model_config.num_embed, softcap=run_step.softcap)
+    return heads or [None]  # no head fits alone: the step's own refusal says by how much
 
 
 def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.HeadCost | None, short: int) -> bool:

@@ -93,10 +93,16 @@ def candidates(vocab_size: int) -> tuple[int | None, ...]:
 
 def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int,
            softcap: float | None) -> list[HeadCost]:
-    """Every candidate's head cost, fastest first (fewer temporaries breaking a tie)."""
-    costs = [head_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim, vocab_size=vocab_size, chunk=chunk,
-                       softcap=softcap)
-             for chunk in candidates(vocab_size)]
+    """The candidates whose head alone the compiler fits in memory, fastest first (fewer temporaries
+    breaking a tie)."""
+    costs = []
+    for chunk in candidates(vocab_size):
+        try:
+            costs.append(head_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim, vocab_size=vocab_size,
+                                   chunk=chunk, softcap=softcap))
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
     return sorted(costs, key=lambda cost: (cost.roofline_s, cost.temporaries))
 
 

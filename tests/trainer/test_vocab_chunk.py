@@ -40,6 +40,16 @@ def test_heads_are_ranked_by_the_compilers_roofline_with_every_iteration_counted
     assert chunked.bytes_accessed > plain.bytes_accessed > 0
 
 
+def test_a_head_the_compiler_refuses_alone_is_no_candidate(heads):
+    """[2^20 tokens, 8192] float32 logits are 32 GiB, over the 31.24 a v6e chip allows: on one chip only
+    the chunked head is left (on four, both fit: the `heads` above)."""
+    from trainer.measure import compiled
+
+    one_chip = mesh.build_mesh({"data": -1, "fsdp": 1}, slices=1, devices=compiled.tpu_devices("v6e", "1x1"))
+    left = vocab_chunk.ranked(one_chip, jnp.bfloat16, tokens=2**20, embed_dim=EMBED, vocab_size=VOCAB, softcap=30.0)
+    assert [head.chunk for head in left] == [4096]
+
+
 def test_a_refused_step_tries_only_chunks_that_free_what_it_was_short_of(heads):
     plain, chunked = heads
     freed = plain.temporaries - chunked.temporaries

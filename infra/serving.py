@@ -61,7 +61,20 @@ class ServingInfra(Component):
                 opts=self.child(),
             ))  # fmt: skip
         self.ready: list[pulumi.Resource] = [*([self.pool] if self.pool else []), *self.identity.bindings, *pulls]
+        self._artifacts = buckets.artifacts
         self.register_outputs({"pool": self.pool.name if self.pool else None, "account": self.identity.google_service_account.email})
+
+    def written(self, objects: pulumi.Input[Sequence[str]]) -> pulumi.Output[bool]:
+        """Whether all of `objects` (names in the artifacts bucket) exist, as read during `pulumi up`
+        (once the bucket does)."""
+        names = pulumi.Output.from_input(objects)
+        found = gcp.storage.get_bucket_objects_output(
+            bucket=self._artifacts.name,
+            match_glob=names.apply(lambda wanted: "{" + ",".join(wanted) + "}"),
+            opts=pulumi.InvokeOutputOptions(parent=self, depends_on=[self._artifacts]),
+        )
+        return pulumi.Output.all(names, found.bucket_objects).apply(
+            lambda result: {found["name"] for found in result[1] or []} >= set(result[0]))  # output types are dicts
 
     def _pool(self, config: StackConfig, cluster: GkeCluster) -> gcp.container.NodePool:
         """One single-host slice a replica, from zero nodes up to the most replicas there can be."""

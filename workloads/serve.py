@@ -2,17 +2,21 @@
 provider once the served run's object, the serving pool and the serving identity exist.
 
 `pulumi up` does not wait for the Deployment (its rollout takes the pool's node and the first
-compile); it waits for the smoke Job instead, up to that Job's deadline, so an update that ends well
-has had one chat request answered. Its ServiceAccount is infra.identity's, from the same builder.
+compile). When the run's export is already in the bucket it waits for the smoke Job instead, so an
+update that ends well has had one chat request answered; while the run is still training it leaves
+the Job waiting in the cluster, and says so. The ServiceAccount is infra.identity's, from the same builder.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import PROJECT, StackConfig
 from workloads import serving
+from workloads.manifests import SKIP_AWAIT
+
+(SKIP_AWAIT_KEY,) = SKIP_AWAIT
 from workloads.deploy import TrainingRun
 
 
@@ -25,7 +29,8 @@ class ServingDeployment(pulumi.ComponentResource):
     smoke: pulumi.Output[str] | None
 
     def __init__(self, name: str, *, config: StackConfig, run: TrainingRun, provider: k8s.Provider,
-                 after: Sequence[pulumi.Resource], opts: pulumi.ResourceOptions | None = None) -> None:  # fmt: skip
+                 after: Sequence[pulumi.Resource], written: Callable[[pulumi.Output[Sequence[str]]], pulumi.Output[bool]],
+                 opts: pulumi.ResourceOptions | None = None) -> None:  # fmt: skip
         super().__init__(f"{PROJECT}:workloads:ServingDeployment", name, None, opts)
         self.spec = run.spec.apply(lambda run_spec: serving.serving_spec(config, run_spec))
 
@@ -47,17 +52,29 @@ class ServingDeployment(pulumi.ComponentResource):
                                                        opts=options(server))  # fmt: skip
         self.smoke = None
         if config.serving.replicas:
+            exported = written(self.spec.apply(lambda spec: list(spec.awaited_objects)))
             smoke = self._built(serving.smoke_job)
+            metadata = pulumi.Output.all(smoke["metadata"], exported).apply(
+                lambda parts: parts[0] | {"annotations": {SKIP_AWAIT_KEY: "false" if parts[1] else "true"}})
             job = k8s.batch.v1.Job(
-                "vllm-smoke", metadata=smoke["metadata"], spec=smoke["spec"],
-                opts=options(server, custom_timeouts=pulumi.CustomTimeouts(create=f"{serving.SMOKE_DEADLINE_SECONDS}s")),
+                "vllm-smoke", metadata=metadata, spec=smoke["spec"],
+                opts=options(server, custom_timeouts=pulumi.CustomTimeouts(create=f"{serving.SMOKE_AWAIT_SECONDS}s",
+                                                                           update=f"{serving.SMOKE_AWAIT_SECONDS}s")),
             )  # fmt: skip
-            # The Job's id exists once `pulumi up` has awaited it to completion (a failed Job fails the update).
-            self.smoke = pulumi.Output.all(job.id, self.spec).apply(
-                lambda done: f"answered; read the answer with: {serving.serving_commands(done[1])['smokeLogs']}")
+            # The Job's id exists once `pulumi up` has created it: awaited to its answer when the export
+            # was there (a failed Job fails the update), else left waiting.
+            self.smoke = pulumi.Output.all(job.id, self.spec, exported).apply(lambda done: _smoke_line(*done[1:]))
         self.commands = self.spec.apply(serving.serving_commands)
         self.register_outputs({"commands": self.commands, "smoke": self.smoke})
 
     def _built(self, builder) -> pulumi.Output[dict]:
         return self.spec.apply(builder)
+
+
+def _smoke_line(spec: serving.ServingSpec, exported: bool) -> str:
+    logs = serving.serving_commands(spec)["smokeLogs"]
+    if exported:
+        return f"answered; read the answer with: {logs}"
+    files = ", ".join(f"gs://{spec.artifacts_bucket}/{name}" for name in spec.awaited_objects)
+    return f"waiting for the run's export ({files}): the smoke Job asks once vLLM is up; read it with: {logs}, or pulumi up again to wait for it"
 

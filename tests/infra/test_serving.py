@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from infra.config.serving import SERVING_POOL, mirror_repository_id
+from infra import preview as preview_module
 from infra.preview import preview
 from infra.stack_files import PROJECT_ROOT
 from tests.infra.conftest import PROJECT_ID, of_type, one, previewed, stack_values
@@ -182,3 +183,26 @@ def test_a_bad_serving_config_is_one_line_and_exit_2_before_any_resource(tmp_pat
     lines = [line for line in result.stderr.splitlines() if not line.startswith("note:")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert result.stdout == ""  # nothing was declared
+
+
+def test_up_waits_for_the_answer_only_when_the_export_is_there(monkeypatch):
+    """`pulumi up` reads the bucket: with the export there it awaits the smoke Job (skipAwait false)
+    and reports the answer; before, it leaves the Job waiting in the cluster and says what for."""
+    resources, outputs = previewed("serving").resources, previewed("serving").outputs
+    waiting = one(resources, JOB, "vllm-smoke").inputs["metadata"]["annotations"]
+    assert waiting == {"pulumi.com/skipAwait": "true"}
+    assert outputs["servingSmoke"].startswith("waiting for the run's export (gs://acme-ml-123-serving-artifacts/runs/tinystories-")
+    assert outputs["servingSmoke"].endswith("/export/hf/config.json): the smoke Job asks once vLLM is up; read it with: "
+                                            "kubectl logs -n training job/vllm-smoke, or pulumi up again to wait for it")
+
+    def call(self, args):
+        if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
+            name = args.args["matchGlob"].strip("{}")
+            return {"bucket": args.args["bucket"], "bucketObjects": [{"name": name, "mediaLink": "", "selfLink": "",
+                                                                      "contentType": "application/json", "storageClass": "STANDARD"}]}
+        return {}
+
+    monkeypatch.setattr(preview_module._CloudPlaceholders, "call", call)
+    exported = preview(stack_values("serving"), "serving")
+    assert one(exported.resources, JOB, "vllm-smoke").inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "false"}
+    assert exported.outputs["servingSmoke"] == "answered; read the answer with: kubectl logs -n training job/vllm-smoke"

@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--json", action="store_true", help="one JSON list of the runs' figures, for tools")
     fit.add_argument("--no-batch-search", dest="search_batch", action="store_false",
                      help="skip the compiles that find the largest batch that fits (one compile a run instead of 2-4)")
+    fit.add_argument("--splits", action="store_true",
+                     help="also compile each FSDP group that divides a slice and name the fastest that fits (gemma-tpu:training.fsdp)")
     args = parser.parse_args(argv)
     try:
         config = render_config(args.stack)
@@ -110,11 +112,13 @@ def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
 
     try:
         reports = [run.report for run in fit.fit_runs(config, image=config.image or IMAGE_PLACEHOLDER, run_name=args.run,
-                                                      search_batch=args.search_batch)]
+                                                      search_batch=args.search_batch, compare_splits=args.splits)]
     except (ValueError, UserError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR
     print(fit.to_json(reports) if args.json else fit.table(reports))
+    if args.splits and not args.json:
+        print(fit.splits_table(reports))
     misfits = [report for report in reports if not report["fits"]]
     for report in misfits:
         print(f"error: {fit.advice(report)}", file=sys.stderr)

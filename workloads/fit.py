@@ -35,7 +35,8 @@ def select_runs(config: StackConfig, run_name: str | None) -> tuple[RunConfig, .
     return runs
 
 
-def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, search_batch: bool = True) -> list[RunFit]:
+def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, search_batch: bool = True,
+             compare_splits: bool = False) -> list[RunFit]:
     """Compile every selected run's step for its slice (several minutes a run for the real models)."""
     from trainer.config import parse_config
     from trainer.measure import compiled
@@ -45,7 +46,8 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
         spec = run_spec(config, run, image=image)
         train_config = parse_config(list(spec.trainer_args))
         devices = compiled.tpu_devices(config.tpu.accelerator, config.tpu.topology, num_slices=run.slices)
-        report = compiled.fit(train_config, devices, num_slices=run.slices, search_batch=search_batch).report()
+        report = compiled.fit(train_config, devices, num_slices=run.slices, search_batch=search_batch,
+                              compare_splits=compare_splits).report()
         report = {"run": run.name, "accelerator": config.tpu.accelerator, "topology": config.tpu.topology,
                   "slices": run.slices, **report}
         fits.append(RunFit(run=run.name, spec=spec, report=report))
@@ -90,6 +92,20 @@ def table(reports: list[dict]) -> str:
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def splits_table(reports: list[dict]) -> str:
+    """Each run's FSDP groups side by side (`--splits`), and the stack key that picks the fastest."""
+    lines = []
+    for report in reports:
+        lines.append(f"\nrun {report['run']}: FSDP groups of a {report['topology']} slice")
+        for row in report["splits"]:
+            figures = (f"{row['step_time_bound_s'] * 1e3:.1f} ms bound by {row['bound_by']}, MFU bound {row['mfu_bound']:.0%}, "
+                       f"{row['ici_bytes_per_chip'] / 1e9:.1f} GB over ICI" if row["fits"] else "does not fit")
+            lines.append(f"  fsdp={row['mesh']['fsdp']}: {row['compiled_bytes_per_chip'] / _GIB:.2f} GiB/chip, {figures}")
+        best = report["best_mesh"]
+        lines.append(f"  fastest that fits: set gemma-tpu:training fsdp: {best['fsdp']}" if best else "  none fits")
+    return "\n".join(lines)
 
 
 def to_json(reports: list[dict]) -> str:

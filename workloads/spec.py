@@ -127,6 +127,10 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
+def _without_unset(values: dict, *keys: str) -> dict:
+    return {key: value for key, value in values.items() if not (key in keys and value is None)}
+
+
 def prepared_key(run: RunConfig) -> str:
     """The prepared data's directory and preparation Job key. Shards depend only on the corpus (the
     tokenizer is the model family's, see trainer.data.prepare), on how it is read (its format, loss
@@ -152,7 +156,8 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     key = prepared_key(run)
     tpu = replace(config.tpu, slices=run.slices)
     # Other prepared data is another run (the same key as before for the default preparation).
-    identity = {"training": asdict(training), "image": image, "tpu": asdict(tpu)}
+    # fsdp counts only when set, so that runs of stacks that set none keep their names.
+    identity = {"training": _without_unset(asdict(training), "fsdp"), "image": image, "tpu": asdict(tpu)}
     if run.preparation != PreparationConfig():
         identity["prepared"] = key
     name = run_object_name(training.run_name, _digest(identity))
@@ -205,8 +210,9 @@ def _trainer_args(config: StackConfig, training: TrainingConfig, data_dir: str, 
         "--checkpoint-dir", f"{run_dir}/checkpoints",
         "--tensorboard-dir", f"{run_dir}/tensorboard",
         "--log-format", "json",  # one JSON object a line: the stack's log-based metrics read them
-        # FSDP inside a slice (ICI), data parallelism across slices (DCN): 1B and 4B fit a v6e 2x4 only so.
-        "--mesh", f"data=-1,fsdp={config.slice.chips}",
+        # FSDP inside a slice (ICI), data parallelism across slices (DCN) and, with gemma-tpu:training.fsdp
+        # below the slice's chips, inside it too.
+        "--mesh", f"data=-1,fsdp={training.fsdp or config.slice.chips}",
     ]  # fmt: skip
     if training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]

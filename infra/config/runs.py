@@ -83,6 +83,12 @@ def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spe
             f"{section.key('batchSize')} is {run.training.batch_size}; it must be divisible by the "
             f"{hosts} hosts of {run.slices} x {slice_spec.topology} slices (each host loads an equal share)"
         )
+    if run.training.fsdp and slice_spec.chips % run.training.fsdp:
+        divisors = ", ".join(str(size) for size in range(1, slice_spec.chips + 1) if slice_spec.chips % size == 0)
+        raise ConfigError(
+            f"{section.key('fsdp')} is {run.training.fsdp}; it must divide the {slice_spec.chips} chips of a "
+            f"{slice_spec.topology} slice ({divisors}); `python -m workloads fit --stack NAME --splits` compares them"
+        )
 
 
 def _check_run_name(key: str, run_name: str, config: TpuConfig, slice_spec: SliceSpec) -> None:

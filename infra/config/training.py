@@ -81,6 +81,7 @@ class TrainingConfig:
     max_restarts: int
     profiling: bool
     run_name: str
+    fsdp: int | None = None  # the FSDP group inside a slice; None: all its chips (`python -m workloads fit --splits` compares)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +127,7 @@ def parse_training(section: Section, *, name_key: str = "runName") -> TrainingCo
         max_restarts=section.integer("maxRestarts", 10, minimum=0),
         profiling=section.flag("profiling", False),
         run_name=section.text(name_key, "gemma-finetune"),
+        fsdp=section.integer("fsdp", None, minimum=1),
     )
 
 

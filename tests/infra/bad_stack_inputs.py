@@ -219,6 +219,9 @@ CASES = (
              error="gemma-tpu:training.loraRank is -1; it must be between 0 and 1024"),
     BadStack(case="batch not divisible by the hosts", config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": {"batchSize": 6}},
              error="gemma-tpu:training.batchSize is 6; it must be divisible by the 4 hosts of 2 x 2x4 slices (each host loads an equal share)"),
+    BadStack(case="an FSDP group that does not divide a slice", config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": {"fsdp": 3}},
+             error="gemma-tpu:training.fsdp is 3; it must divide the 8 chips of a 2x4 slice (1, 2, 4, 8); "
+                   "`python -m workloads fit --stack NAME --splits` compares them"),
     BadStack(case="run name not a DNS label", config={"gemma-tpu:training": {"runName": "Run_1"}},
              error="gemma-tpu:training.runName 'Run_1' must be at most 54 characters of a-z, 0-9 and '-', starting with a letter"),
     BadStack(case="run name too long for the Job's pod label", config={"gemma-tpu:training": {"runName": "r" * 55}},

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.workloads.conftest import IMAGE, REPO, stack_config
+from tests.workloads.conftest import IMAGE, REPO, edited_config, spec_of, stack_config
 from trainer.contract import USER_ERROR
 from trainer.measure import compiled
 from workloads import fit
@@ -22,7 +22,7 @@ class _Compiles:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, config, devices, *, num_slices, search_batch):
+    def __call__(self, config, devices, *, num_slices, search_batch, compare_splits):
         self.calls.append((config, devices, num_slices))
         return _Report({"fits": True})
 
@@ -48,6 +48,28 @@ def test_each_run_is_compiled_with_its_jobs_options_for_its_slices(monkeypatch, 
             training.model, training.seq_len, training.batch_size, training.lora_rank)
         assert train_config.mesh == {"data": -1, "fsdp": config.slice.chips}  # FSDP inside a slice, as the Job says
         assert len(devices) == chips and num_slices == slices and devices[0].device_kind == "TPU v6 lite"
+
+
+def test_a_stacks_fsdp_group_reaches_the_job_and_fit(monkeypatch):
+    """gemma-tpu:training.fsdp below the slice's chips: the Job's --mesh and so the compile use it; the
+    run is another run (its name changes), a stack that sets none keeps its runs' names."""
+    compiles = _Compiles()
+    monkeypatch.setattr(compiled, "fit", compiles)
+    config = edited_config("multihost", training={"fsdp": 4})
+    fit.fit_runs(config, image=IMAGE)
+    assert compiles.calls[0][0].mesh == {"data": -1, "fsdp": 4}
+    assert spec_of(config).name != spec_of(stack_config("multihost")).name
+
+
+def test_splits_name_the_fastest_group_that_fits():
+    report = {"run": "r", "topology": "2x4", "splits": [
+        {"mesh": {"data": -1, "fsdp": 8}, "fits": True, "compiled_bytes_per_chip": 20 * 2**30, "step_time_bound_s": 0.3,
+         "bound_by": "bytes", "mfu_bound": 0.3, "ici_bytes_per_chip": 9e9},
+        {"mesh": {"data": -1, "fsdp": 1}, "fits": False, "compiled_bytes_per_chip": 40 * 2**30}], "best_mesh": {"data": -1, "fsdp": 8}}
+    lines = fit.splits_table([report]).splitlines()
+    assert "fsdp=8: 20.00 GiB/chip, 300.0 ms bound by bytes, MFU bound 30%, 9.0 GB over ICI" in lines[2]
+    assert lines[3].endswith("fsdp=1: 40.00 GiB/chip, does not fit")
+    assert lines[4].endswith("fastest that fits: set gemma-tpu:training fsdp: 8")
 
 
 def test_the_queued_stack_compiles_each_of_its_runs_with_its_own_settings(monkeypatch):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from trainer import mesh, models, precision, step, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer.measure import flops, hardware
+from trainer.measure import collectives, flops, hardware
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
@@ -77,6 +77,7 @@ class CompiledStep:
     bytes_reported: float
     bytes_loop_correction: float
     bytes_kernels: float
+    ici_bytes: int  # what the program's collectives move per chip (trainer.measure.collectives)
     fingerprint: str  # of the lowered program: equal to the one the run records in config.json
     dense_attention_mask: bool  # an [..., L, L] tensor in the optimized program
 
@@ -139,6 +140,7 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
     attention_flops, attention_bytes = kernel_cost(run_step, config, model_config)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    hlo = compiled.as_text()
     return CompiledStep(
         device_kind=devices[0].device_kind, chips=len(devices), batch_size=config.batch_size,
         attention=run_step.layers.attention, remat=run_step.layers.remat, vocab_chunk=run_step.vocab_chunk,
@@ -147,8 +149,8 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
         generated_code=memory.generated_code_size_in_bytes,
         flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops, flops_kernels=attention_flops,
         bytes_reported=float(cost.get("bytes accessed", 0.0)), bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
-        fingerprint=step.step_fingerprint(lowered),
-        dense_attention_mask=_has_square_mask(compiled.as_text(), config.seq_len),
+        ici_bytes=collectives.collective_bytes(hlo), fingerprint=step.step_fingerprint(lowered),
+        dense_attention_mask=_has_square_mask(hlo, config.seq_len),
     )
 
 
@@ -194,8 +196,17 @@ class Fit:
     refused: step.MemoryRefusal | None
     usable_hbm: int
     largest_batch: int
+    splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
 
     def report(self) -> dict:
+        result = self._figures()
+        if self.splits:
+            rows = [split_figures(split._figures()) for split in self.splits]
+            fitting = [row for row in rows if row["fits"]]
+            result |= {"splits": rows, "best_mesh": min(fitting, key=lambda row: row["step_time_bound_s"])["mesh"] if fitting else None}
+        return result
+
+    def _figures(self) -> dict:
         config, model_config = self.config, self.model_config
         tokens = config.batch_size * config.seq_len
         params = flops.param_count(model_config)
@@ -212,9 +223,10 @@ class Fit:
         compiled = self.compiled
         chip = hardware.CHIPS[compiled.device_kind]
         model_flops = flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank) * tokens
-        compute_s = compiled.flops_per_chip / chip.peak_bf16_flops
-        memory_s = compiled.bytes_accessed / chip.hbm_bytes_per_s
-        bound_s = max(compute_s, memory_s)
+        times = {"flops": compiled.flops_per_chip / chip.peak_bf16_flops, "bytes": compiled.bytes_accessed / chip.hbm_bytes_per_s,
+                 "ici": compiled.ici_bytes / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0}
+        bound_by = max(times, key=times.get)
+        bound_s = times[bound_by]
         return {
             **result,
             "device_kind": compiled.device_kind, "chips": compiled.chips, "hbm_bytes_per_chip": chip.hbm_bytes,
@@ -224,7 +236,7 @@ class Fit:
             "flops_per_chip_per_step": compiled.flops_per_chip, "flops_reported_by_compiler": compiled.flops_reported,
             "flops_loop_correction": compiled.flops_loop_correction, "flops_attention_kernels": compiled.flops_kernels, "model_flops_per_chip_per_step": model_flops / compiled.chips,
             "bytes_accessed_per_chip": compiled.bytes_accessed, "bytes_reported_by_compiler": compiled.bytes_reported,
-            "step_time_bound_s": bound_s, "bound_by": "flops" if compute_s >= memory_s else "bytes",
+            "ici_bytes_per_chip": compiled.ici_bytes, "step_time_bound_s": bound_s, "bound_by": bound_by,
             "mfu_bound": model_flops / compiled.chips / chip.peak_bf16_flops / bound_s,
             "fits": compiled.bytes_per_chip <= self.usable_hbm,
             "headroom_gib": round((self.usable_hbm - compiled.bytes_per_chip) / _GIB, 2),
@@ -232,6 +244,15 @@ class Fit:
             "l_by_l_tensor": compiled.dense_attention_mask,
             "step_fingerprint": compiled.fingerprint,
         }
+
+
+_SPLIT_KEYS = ("mesh", "fits", "compiled_bytes_per_chip", "headroom_gib", "remat", "vocab_chunk", "ici_bytes_per_chip",
+               "step_time_bound_s", "bound_by", "mfu_bound")
+
+
+def split_figures(report: dict) -> dict:
+    """What `fit --splits` compares of one FSDP group (a refused one has no cost figures)."""
+    return {key: report[key] for key in _SPLIT_KEYS if key in report}
 
 
 def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | step.MemoryRefusal:
@@ -271,12 +292,24 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
     return max(guess, 0)
 
 
-def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True) -> Fit:
-    """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's)."""
+def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True,
+        compare_splits: bool = False) -> Fit:
+    """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
+    `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures)."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices)
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else 0
-    if isinstance(first, step.MemoryRefusal):
-        return Fit(config=config, model_config=model_config, compiled=None, refused=first, usable_hbm=usable, largest_batch=batch)
-    return Fit(config=config, model_config=model_config, compiled=first, refused=None, usable_hbm=usable, largest_batch=batch)
+    own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
+              refused=first if isinstance(first, step.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch)
+    if not compare_splits:
+        return own
+    others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)
+              for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
+    return dataclasses.replace(own, splits=(own, *others))
+
+
+def split_meshes(chips_per_slice: int) -> list[dict[str, int]]:
+    """Every FSDP group that divides a slice's chips, largest first, data parallelism over the rest:
+    a smaller group moves less over ICI and holds more of the state per chip."""
+    return [{"data": -1, "fsdp": size} for size in range(chips_per_slice, 0, -1) if chips_per_slice % size == 0]

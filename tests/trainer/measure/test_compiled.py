@@ -70,6 +70,18 @@ def test_the_vocabulary_loop_is_counted_once_per_iteration(tiny_step, model_conf
     assert chunked.flops_per_chip == pytest.approx(tiny_step.flops_per_chip + recompute, rel=0.05)
 
 
+def test_splits_compile_every_fsdp_group_and_name_the_fastest_that_fits(model_config, v6e_2x2):
+    """`fit --splits`: the step compiled for FSDP over 4, 2 and 1 chips of the slice (data parallel over the
+    rest); a smaller group holds more of the state per chip, and the collectives' ICI bytes are counted."""
+    config = dataclasses.replace(TINY, mesh={"data": -1, "fsdp": 4})
+    report = compiled.fit(config, v6e_2x2, vocab_size=VOCAB, search_batch=False, compare_splits=True).report()
+    rows = report["splits"]
+    assert [row["mesh"]["fsdp"] for row in rows] == [4, 2, 1]
+    assert all(row["fits"] and row["ici_bytes_per_chip"] > 0 for row in rows)
+    assert rows[0]["compiled_bytes_per_chip"] < rows[2]["compiled_bytes_per_chip"]  # fsdp=4 splits the state 4 ways
+    assert report["best_mesh"] == min(rows, key=lambda row: row["step_time_bound_s"])["mesh"]
+
+
 def test_a_batch_far_too_large_does_not_fit_and_says_by_how_much(v6e_2x2):
     """The compiler itself refuses the program (temporaries over the HBM it allows): rows of 65,536
     tokens with the dense mask, whose [L, L] logits alone are 16 GiB a row and head."""

@@ -226,15 +226,15 @@ def memory_refusal(error: Exception) -> MemoryRefusal | None:
     return MemoryRefusal(match["what"], int(float(match["required"]) * 2**30), int(float(match["available"]) * 2**30))
 
 
-def chunk_candidates(run_step: RunStep, config, model_config) -> list[vocab_chunk.HeadCost | None]:
+def chunk_candidates(run_step: RunStep, config, model_config) -> tuple[vocab_chunk.HeadCost | None, ...]:
     """--vocab-chunk's candidates, best first: on TPU with auto, ranked by the compiler
     (trainer.vocab_chunk); otherwise the one chunk build_run_step took, as None (no figures)."""
     platform = run_step.device_mesh.devices.flat[0].platform
     if config.vocab_chunk != "auto" or platform != "tpu" or len(vocab_chunk.candidates(model_config.num_embed)) == 1:
-        return [None]
+        return (None,)
     heads = vocab_chunk.ranked(run_step.device_mesh, run_step.compute_dtype, tokens=config.batch_size * config.seq_len,
                                embed_dim=model_config.embed_dim, vocab_size=model_config.num_embed, softcap=run_step.softcap)
-    return heads or [None]  # no head fits alone: the step's own refusal says by how much
+    return heads or (None,)  # no head fits alone: the step's own refusal says by how much
 
 
 def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.HeadCost | None, short: int) -> bool:

@@ -15,6 +15,7 @@ trainer.loss's size rule decides there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -91,10 +92,11 @@ def candidates(vocab_size: int) -> tuple[int | None, ...]:
     return tuple(chunk for chunk in CANDIDATES if chunk is None or chunk < vocab_size)
 
 
+@functools.lru_cache(maxsize=32)
 def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int,
-           softcap: float | None) -> list[HeadCost]:
+           softcap: float | None) -> tuple[HeadCost, ...]:
     """The candidates whose head alone the compiler fits in memory, fastest first (fewer temporaries
-    breaking a tie)."""
+    breaking a tie). Remembered: the full and LoRA steps of a model on a mesh share their head."""
     costs = []
     for chunk in candidates(vocab_size):
         try:
@@ -103,7 +105,7 @@ def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_siz
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
-    return sorted(costs, key=lambda cost: (cost.roofline_s, cost.temporaries))
+    return tuple(sorted(costs, key=lambda cost: (cost.roofline_s, cost.temporaries)))
 
 
 def fixed(requested: str, *, tokens_per_chip: int, vocab_size: int) -> int | None:

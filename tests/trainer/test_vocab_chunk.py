@@ -29,7 +29,7 @@ def test_candidates_are_plain_logits_and_the_chunks_below_the_vocabulary():
 
 def test_heads_are_ranked_by_the_compilers_roofline_with_every_iteration_counted(heads):
     assert [head.chunk for head in heads] == [None, 4096]  # plain logits: fewest bytes, when they fit
-    assert heads == sorted(heads, key=lambda head: head.roofline_s)
+    assert list(heads) == sorted(heads, key=lambda head: head.roofline_s)
     plain, chunked = heads
     multiply_adds = TOKENS / 4 * VOCAB * EMBED  # per chip
     # Plain: logits, and the gradients of hidden states and embedding: 3 matmuls of 2 FLOPs a multiply-add.

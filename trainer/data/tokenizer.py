@@ -158,9 +158,15 @@ def load_tokenizer(path) -> Tokenizer:
     """Loads the SentencePiece model at `path` (a local path or gs://). Raises UserError naming the
     file when it is missing, is not a SentencePiece model, or has no PAD 0 / EOS / BOS ids."""
     file = epath.Path(path)
-    if not file.is_file():
+    try:
+        found = file.is_file()
+        model_bytes = file.read_bytes() if found else b""
+    except Exception as error:  # a gs:// path reads through tf.io.gfile, whose errors are no OSErrors
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"tokenizer {path}: cannot read it ({reason}); check the network and Google Cloud credentials "
+                        "(gcloud auth application-default login), or pass a local SentencePiece .model file") from None
+    if not found:
         raise UserError(f"tokenizer {path}: file not found; pass the path of a SentencePiece .model file")
-    model_bytes = file.read_bytes()
     processor = spm.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(model_bytes)

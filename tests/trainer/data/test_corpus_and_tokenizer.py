@@ -81,3 +81,10 @@ def test_a_file_without_one_usable_row_is_one_line_naming_tokenizer(tmp_path):
     path = _chat_file(tmp_path / "empty.jsonl", [("hello", "")])  # no model turn to train on
     with pytest.raises(UserError, match=r"empty.jsonl: cannot train a tokenizer .*\(no usable rows.*; pass --tokenizer PATH"):
         train_tokenizer(path, tmp_path / "empty.model", vocab_size=512)
+
+
+def test_a_tokenizer_that_cannot_be_read_is_one_line():
+    """gs:// reads go through TensorFlow's file system: with no network (CI) its error is no OSError and
+    used to end in a traceback; with one, the bucket does not exist. Either way: one line naming the file."""
+    with pytest.raises(UserError, match=r"^tokenizer gs://gemma-tpu-no-such-bucket-7f3a/t\.model: (cannot read it|file not found)"):
+        load_tokenizer("gs://gemma-tpu-no-such-bucket-7f3a/t.model")

@@ -6,8 +6,10 @@ it, so a pool and the pods scheduled on it can never disagree.
 
 Rule (AI-Hypercomputer/xpk system_characteristics.py): a 1x1 slice has one chip on one host, every
 other slice has 4 chips per host. v6e 2x4 therefore means two ct6e-standard-4t hosts (the
-single-host ct6e-standard-8t shape of the same topology is deliberately not offered: one label, one
-meaning).
+single-host ct6e-standard-8t shape of the same topology is not offered for training: one label, one
+meaning). Serving is the exception (`serving_slice`): vLLM runs on one host, and an 8-chip host of
+topology 2x4 (ct6e-standard-8t, ct5lp-hightpu-8t) is GKE's largest single-host shape for it; its pool is
+tainted for serving only (infra.config.serving), so a training pod of the same labels never lands there.
 """
 
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ class _Family:
     machine_prefix: str  # machine type = f"{machine_prefix}-{chips_per_host}t"
     topologies: tuple[str, ...]
     host_memory_gb: dict[int, int]  # chips per host -> the machine type's memory, GB as Google lists it
+    eight_chip_host: str | None = None  # the topology of the family's single-host 8-chip machine, if any
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -42,13 +45,15 @@ _FAMILIES: dict[str, _Family] = {
         gke_accelerator="tpu-v6e-slice",
         machine_prefix="ct6e-standard",
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-        host_memory_gb={1: 448, 4: 720},
+        host_memory_gb={1: 448, 4: 720, 8: 1440},
+        eight_chip_host="2x4",
     ),
     "v5e": _Family(
         gke_accelerator="tpu-v5-lite-podslice",
         machine_prefix="ct5lp-hightpu",
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-        host_memory_gb={1: 48, 4: 192},
+        host_memory_gb={1: 48, 4: 192, 8: 384},
+        eight_chip_host="2x4",
     ),
     "v5p": _Family(
         gke_accelerator="tpu-v5p-slice",
@@ -110,7 +115,31 @@ def slice_spec(accelerator: str, topology: str) -> SliceSpec:
             f"topology {topology!r} is not a {accelerator} slice; choose one of {', '.join(family.topologies)}"
         )
     chips = prod(int(side) for side in topology.split("x"))
-    chips_per_host = 1 if chips == 1 else 4
+    return _spec(accelerator, topology, chips_per_host=1 if chips == 1 else 4)
+
+
+def serving_slice(accelerator: str, topology: str) -> SliceSpec:
+    """The single-host slice vLLM serves from: the catalog's own where it is single-host, the family's
+    8-chip host for its topology; ConfigError naming the choices for a shape no one host holds."""
+    spec = slice_spec(accelerator, topology)
+    if not spec.multi_host:
+        return spec
+    if topology == _family(accelerator).eight_chip_host:
+        return _spec(accelerator, topology, chips_per_host=spec.chips)
+    choices = ", ".join(s.topology for s in serving_slices(accelerator))
+    raise ConfigError(f"{accelerator} {topology} spans {spec.hosts} hosts, and vLLM serves from one; choose one of {choices}")
+
+
+def serving_slices(accelerator: str) -> tuple[SliceSpec, ...]:
+    """Every single-host slice of `accelerator`, smallest first."""
+    family = _family(accelerator)
+    shapes = [t for t in family.topologies if not slice_spec(accelerator, t).multi_host or t == family.eight_chip_host]
+    return tuple(serving_slice(accelerator, t) for t in shapes)
+
+
+def _spec(accelerator: str, topology: str, *, chips_per_host: int) -> SliceSpec:
+    family = _family(accelerator)
+    chips = prod(int(side) for side in topology.split("x"))
     return SliceSpec(
         accelerator=accelerator,
         topology=topology,

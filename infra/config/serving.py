@@ -3,8 +3,8 @@ run's Hugging Face export (runs/<run>/export/hf). What it builds: docs/serving.m
 
 vLLM refuses at start-up what these checks refuse here, before any resource exists: a max length
 above the model's, a LoRA rank above its largest --max-lora-rank, a model whose weights and one
-sequence of KV cache do not fit the chips. (Its tensor parallelism over the slice's chips must also
-divide the attention heads: every single-host slice of the catalog does, which a test keeps true.)
+sequence of KV cache do not fit the chips. Its tensor parallelism over the slice's chips must
+also divide the attention heads, which an 8-chip host does not for the 4-head models.
 """
 
 import math
@@ -140,6 +140,7 @@ def check_serving(section: Section, request: _Request, runs: tuple[RunConfig, ..
             f"{section.key('maxModelLen')} is {max_model_len}, above {run.training.model}'s {model.max_len} "
             f"(max_position_embeddings of its export); set at most {model.max_len}"
         )
+    _check_heads(section, run.training.model, model, slice_spec)
     _check_fits(section, run.training.model, model, slice_spec, max_model_len)
     return ServingConfig(
         run=run.name,
@@ -166,22 +167,28 @@ def _served_run(section: Section, name: str, runs: tuple[RunConfig, ...]) -> Run
     )
 
 
-def _single_host(accelerator: str) -> list[SliceSpec]:
-    return [s for s in tpu.catalog() if s.accelerator == accelerator and not s.multi_host]
-
-
 def _serving_slice(section: Section, request: _Request) -> SliceSpec:
-    """vLLM on TPU in GKE runs on one host: the catalog's single-host slices only."""
+    """vLLM on TPU in GKE runs on one host: a single-host slice (infra.tpu.serving_slice)."""
     try:
-        slice_spec = tpu.slice_spec(request.accelerator, request.topology)
+        tpu.slice_spec(request.accelerator, request.topology)
     except ConfigError as error:
         raise ConfigError(f"{section.key('topology')}: {error}") from None
-    if slice_spec.multi_host:
-        raise ConfigError(
-            f"{section.key('topology')} {request.accelerator} {request.topology} spans {slice_spec.hosts} hosts, and vLLM "
-            f"serves from one; choose one of {', '.join(s.topology for s in _single_host(request.accelerator))}"
-        )
-    return slice_spec
+    try:
+        return tpu.serving_slice(request.accelerator, request.topology)
+    except ConfigError as error:
+        raise ConfigError(f"{section.key('topology')} {error}") from None
+
+
+def _check_heads(section: Section, model_name: str, model: ServedModel, slice_spec: SliceSpec) -> None:
+    """vLLM splits the attention heads over the chips (tensor parallel) and refuses a split that does
+    not divide them (vllm/config/model.py verify_with_parallel_config)."""
+    if model.heads % slice_spec.chips == 0:
+        return
+    dividing = [s.topology for s in tpu.serving_slices(slice_spec.accelerator) if model.heads % s.chips == 0]
+    raise ConfigError(
+        f"{section.key('topology')} {slice_spec.accelerator} {slice_spec.topology}: vLLM splits {model_name}'s {model.heads} "
+        f"attention heads over the slice's {slice_spec.chips} chips, which does not divide them; choose {' or '.join(dividing)}"
+    )
 
 
 def _check_fits(section: Section, model_name: str, model: ServedModel, slice_spec: SliceSpec, max_model_len: int) -> None:
@@ -189,7 +196,7 @@ def _check_fits(section: Section, model_name: str, model: ServedModel, slice_spe
     needs = model.bytes_per_chip(slice_spec.chips, max_model_len)
     if needs <= usable:
         return
-    larger = [s.topology for s in _single_host(slice_spec.accelerator) if model.bytes_per_chip(s.chips, max_model_len) <= usable]
+    larger = [s.topology for s in tpu.serving_slices(slice_spec.accelerator) if model.bytes_per_chip(s.chips, max_model_len) <= usable]
     fix = f"choose {' or '.join(larger)}" if larger else f"no single-host {slice_spec.accelerator} slice holds it"
     raise ConfigError(
         f"{section.key('topology')} {slice_spec.accelerator} {slice_spec.topology} cannot hold {model_name}: its bfloat16 "

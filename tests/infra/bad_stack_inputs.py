@@ -282,12 +282,12 @@ CASES = (
     BadStack(case="a vLLM image without a digest", config={"gemma-tpu:serving": {**SERVING, "image": "vllm/vllm-tpu:v0.27.0"}},
              error="gemma-tpu:serving.image 'vllm/vllm-tpu:v0.27.0' is not pinned by digest; give the vLLM TPU image as "
                    "vllm/vllm-tpu:TAG@sha256:DIGEST (docs/serving.md: `docker buildx imagetools inspect vllm/vllm-tpu:TAG`)"),
-    BadStack(case="serving from a multi-host slice", config={"gemma-tpu:serving": {**SERVING, "topology": "2x4"}},
-             error="gemma-tpu:serving.topology v6e 2x4 spans 2 hosts, and vLLM serves from one; choose one of 1x1, 2x2"),
+    BadStack(case="serving from a multi-host slice", config={"gemma-tpu:serving": {**SERVING, "topology": "4x4"}},
+             error="gemma-tpu:serving.topology v6e 4x4 spans 4 hosts, and vLLM serves from one; choose one of 1x1, 2x2, 2x4"),
     BadStack(case="a serving slice too small for the model",
              config={"gemma-tpu:training": {"model": "gemma3-27b"}, "gemma-tpu:serving": SERVING},
              error="gemma-tpu:serving.topology v6e 1x1 cannot hold gemma3-27b: its bfloat16 weights and one 8192-token "
-                   "sequence need 54.2 GiB a chip, and vLLM uses 28.8 GiB of each; choose 2x2, or lower gemma-tpu:serving.maxModelLen"),
+                   "sequence need 54.2 GiB a chip, and vLLM uses 28.8 GiB of each; choose 2x2 or 2x4, or lower gemma-tpu:serving.maxModelLen"),
     BadStack(case="a serving length above the model's", config={"gemma-tpu:serving": {**SERVING, "maxModelLen": 65536}},
              error="gemma-tpu:serving.maxModelLen is 65536, above gemma3-270m's 32768 (max_position_embeddings of its export); "
                    "set at most 32768"),

@@ -167,7 +167,7 @@ def test_destroy_removes_the_serving_objects_before_their_pool_and_protects_none
     [
         ({"run": "nope"}, "gemma-tpu:serving.run is 'nope', which is no run of this stack"),
         ({"image": "vllm/vllm-tpu:latest"}, "gemma-tpu:serving.image 'vllm/vllm-tpu:latest' is not pinned by digest"),
-        ({"topology": "2x4"}, "gemma-tpu:serving.topology v6e 2x4 spans 2 hosts"),
+        ({"topology": "4x4"}, "gemma-tpu:serving.topology v6e 4x4 spans 4 hosts"),
         ({"maxModelLen": 65536}, "gemma-tpu:serving.maxModelLen is 65536, above gemma3-1b's 32768"),
         ({"lora": "adapter"}, "gemma-tpu:serving.lora is adapter, but run 'tinystories' is a full fine-tune"),
     ],

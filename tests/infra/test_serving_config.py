@@ -56,8 +56,16 @@ def test_an_image_without_a_digest_is_refused(image):
 
 
 def test_a_multi_host_slice_is_refused_with_the_single_host_ones():
-    message = refused({"topology": "2x4"})
-    assert message.startswith("gemma-tpu:serving.topology v6e 2x4 spans 2 hosts, and vLLM serves from one; choose one of 1x1, 2x2")
+    message = refused({"topology": "4x4"})
+    assert message.startswith("gemma-tpu:serving.topology v6e 4x4 spans 4 hosts, and vLLM serves from one; choose one of 1x1, 2x2, 2x4")
+
+
+def test_2x4_is_served_from_one_8_chip_host_not_the_training_pair():
+    """GKE's vLLM on Trillium: one ct6e-standard-8t host of topology 2x4, tensor parallel over its 8 chips;
+    the training catalog's 2x4 is two ct6e-standard-4t hosts."""
+    serving = serving_config({"topology": "2x4"}, training={"model": "gemma3-4b"}).serving
+    assert (serving.slice.machine_type, serving.slice.hosts, serving.slice.chips_per_host) == ("ct6e-standard-8t", 1, 8)
+    assert tpu.slice_spec("v6e", "2x4").machine_type == "ct6e-standard-4t"
 
 
 def test_a_topology_outside_the_catalog_names_the_key():
@@ -75,13 +83,12 @@ def test_the_same_model_fits_the_larger_slice():
     assert serving.slice.chips == 4
 
 
-def test_every_single_host_slice_divides_every_models_heads():
-    """vLLM refuses a tensor-parallel size that does not divide the attention heads
-    (vllm/config/model.py verify_with_parallel_config); the config has no check for it because no
-    slice it accepts can break it. A catalog with an 8-chip host would: add the check then."""
-    single_host = [s for s in tpu.catalog() if not s.multi_host]
-    assert {s.chips for s in single_host} == {1, 4}
-    assert all(model.heads % s.chips == 0 for model in SERVED_MODELS.values() for s in single_host)
+def test_a_slice_whose_chips_do_not_divide_the_heads_is_refused():
+    """vLLM refuses a tensor-parallel size that does not divide the attention heads: gemma3-1b has 4."""
+    message = refused({"topology": "2x4"}, training={"model": "gemma3-1b"})
+    assert message == ("gemma-tpu:serving.topology v6e 2x4: vLLM splits gemma3-1b's 4 attention heads over the slice's 8 chips, "
+                       "which does not divide them; choose 1x1 or 2x2")
+    assert all(model.heads % 4 == 0 for model in SERVED_MODELS.values())  # 1x1 and 2x2 serve every model
 
 
 def test_the_served_model_table_is_the_trainers():

@@ -55,3 +55,14 @@ def test_unknown_topology_names_the_valid_ones():
 def test_unknown_accelerator_names_the_valid_ones():
     with pytest.raises(ConfigError, match=r"'v4' is not supported; choose one of v6e, v5e, v5p"):
         tpu.slice_spec("v4", "2x2x1")
+
+
+def test_serving_slices_are_single_host_with_2x4_on_one_8_chip_machine():
+    """vLLM serves from one host: 1x1 and 2x2 as the catalog has them, 2x4 as the family's 8-chip
+    machine (GKE's single-host 2x4), nothing larger; v5p has no 8-chip host."""
+    from infra.tpu import serving_slices
+
+    assert [(s.topology, s.machine_type, s.hosts) for s in serving_slices("v6e")] == [
+        ("1x1", "ct6e-standard-1t", 1), ("2x2", "ct6e-standard-4t", 1), ("2x4", "ct6e-standard-8t", 1)]
+    assert [s.machine_type for s in serving_slices("v5e")][-1] == "ct5lp-hightpu-8t"
+    assert [s.topology for s in serving_slices("v5p")] == ["2x2x1"]

@@ -18,7 +18,7 @@ TRAINER_LAYERS = (
     ("what both sides read", ("trainer", "trainer.contract", "trainer.errors", "trainer.shared_files")),
     ("the data side", ("trainer.data",)),
     ("the options", ("trainer.config",)),
-    ("the parts of a run", ("trainer.checkpoint", "trainer.metrics", "trainer.precision", "trainer.preemption",
+    ("the parts of a run", ("trainer.checkpoint", "trainer.hbm", "trainer.metrics", "trainer.precision", "trainer.preemption",
                             "trainer.measure.flops", "trainer.measure.hardware", "trainer.measure.throughput",
                             "trainer.hf.config", "trainer.hf.weights", "trainer.hf.tokenizer",
                             "trainer.hf.tokenizer_json", "trainer.hf.sample")),

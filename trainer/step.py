@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from trainer import layers as layers_lib
-from trainer import loss, mesh, models, vocab_chunk
+from trainer import hbm, loss, mesh, models, vocab_chunk
 
 State = dict[str, Any]
 
@@ -204,28 +204,6 @@ def remat_candidates(requested: str) -> tuple[str, ...]:
     return tuple(layers_lib.REMAT_POLICIES) if requested == "auto" else (requested,)
 
 
-@dataclasses.dataclass(frozen=True)
-class MemoryRefusal(Exception):
-    """The compiler's verdict on a program that does not fit: `required` bytes of `what` per chip exceed
-    the `available` HBM."""
-
-    what: str
-    required: int
-    available: int
-
-
-_REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*?required for (?P<what>.+?) \((?P<required>[\d.]+)G\) exceeds available HBM "
-                      r"\((?P<available>[\d.]+)G\)", re.S)
-
-
-def memory_refusal(error: Exception) -> MemoryRefusal | None:
-    """The memory refusal a failed compile carries, or None when it failed for another reason."""
-    match = _REFUSAL.search(str(error))
-    if match is None:
-        return None
-    return MemoryRefusal(match["what"], int(float(match["required"]) * 2**30), int(float(match["available"]) * 2**30))
-
-
 def chunk_candidates(run_step: RunStep, config, model_config) -> tuple[vocab_chunk.HeadCost | None, ...]:
     """--vocab-chunk's candidates, best first: on TPU with auto, ranked by the compiler
     (trainer.vocab_chunk); otherwise the one chunk build_run_step took, as None (no figures)."""
@@ -245,10 +223,12 @@ def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.He
 
 def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Callable):
     """(run_step, lowered, compiled train step): the first rematerialisation policy of --remat whose step
-    the compiler fits in memory, with the fastest vocabulary chunk that fits beside it. A candidate whose
-    head cannot free the bytes the last refusal was short of is not compiled. `train_args(run_step)` gives
-    the train step's arguments (arrays or shapes); the last refusal is raised."""
+    the compiler fits in memory, with the fastest vocabulary chunk that fits beside it. On TPU a program
+    fits when the whole of it does (trainer.hbm), not only its temporaries. A candidate whose head cannot
+    free the bytes the last refusal was short of is not compiled. `train_args(run_step)` gives the train
+    step's arguments (arrays or shapes); the last refusal is raised (hbm.MemoryRefusal)."""
     chunks = chunk_candidates(run_step, config, model_config)
+    on_tpu = run_step.device_mesh.devices.flat[0].platform == "tpu"
     refused = None
     for remat in remat_candidates(config.remat):
         short, tried = 0, None
@@ -258,12 +238,16 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
             candidate = run_step.choosing(remat=remat, vocab_chunk=run_step.vocab_chunk if head is None else head.chunk)
             lowered = candidate.functions.train.lower(*train_args(candidate))
             try:
-                return candidate, lowered, lowered.compile()
+                compiled = lowered.compile()
             except jax.errors.JaxRuntimeError as error:
-                refusal = memory_refusal(error)
+                refusal = hbm.memory_refusal(error)
                 if refusal is None:
                     raise
-                refused, short, tried = error, refusal.required - refusal.available, head
+            else:
+                refusal = hbm.whole_program_refusal(compiled, list(run_step.device_mesh.devices.flat)) if on_tpu else None
+                if refusal is None:
+                    return candidate, lowered, compiled
+            refused, short, tried = refusal, refusal.required - refusal.available, head
     raise refused
 
 

@@ -27,7 +27,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer import mesh, models, precision, step, vocab_chunk
+from trainer import hbm, mesh, models, precision, step, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import collectives, flops, hardware
@@ -123,16 +123,11 @@ def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: 
 
 def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1, total_steps: int = 1000) -> CompiledStep:
     """The step compiled for `devices` as trainer.loop compiles it (--remat and --vocab-chunk auto: as
-    trainer.step.compile_run_step settles them); raises step.MemoryRefusal when the compiler refuses it."""
+    trainer.step.compile_run_step settles them); raises hbm.MemoryRefusal when the compiler refuses it."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
     run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
-    try:
-        run_step, lowered, compiled = step.compile_run_step(
-            run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
-    except jax.errors.JaxRuntimeError as error:
-        if refusal := step.memory_refusal(error):
-            raise refusal from None
-        raise
+    run_step, lowered, compiled = step.compile_run_step(
+        run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
     memory = compiled.memory_analysis()
     loop_flops, loop_bytes = vocab_chunk.loop_cost(
         device_mesh, compute_dtype, tokens=config.batch_size * config.seq_len, embed_dim=model_config.embed_dim,
@@ -159,33 +154,6 @@ def _has_square_mask(hlo: str, seq_len: int) -> bool:
     return re.search(rf"\[(\d+,)*{seq_len},{seq_len}\]", hlo) is not None
 
 
-_usable_hbm: dict[str, int] = {}
-
-
-def usable_hbm_bytes(devices) -> int:
-    """HBM per chip that the compiler lets a program use (v6e: 31.24 GiB of 32), asked of the compiler
-    itself with a program one chip cannot hold, whose refusal names it."""
-    kind = devices[0].device_kind
-    if kind not in _usable_hbm:
-        one = jax.sharding.SingleDeviceSharding(devices[0])
-        side = 2**18  # a [side, side] float32 temporary: 256 GiB, more than any chip has
-
-        def too_large(x):
-            square = x + jax.random.normal(jax.random.key(0), (side, side), jnp.float32)
-            return (square @ square)[:1, :1]
-
-        try:
-            jax.jit(too_large).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=one)).compile()
-        except jax.errors.JaxRuntimeError as error:
-            refusal = step.memory_refusal(error)
-            if refusal is None:
-                raise
-            _usable_hbm[kind] = refusal.available
-        else:
-            raise RuntimeError(f"{kind}: a 256 GiB temporary compiled; cannot tell the usable HBM")
-    return _usable_hbm[kind]
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Fit:
     """What `fit` reports of one run on one slice shape (keys of `python -m workloads fit --json`)."""
@@ -193,7 +161,7 @@ class Fit:
     config: TrainConfig
     model_config: object
     compiled: CompiledStep | None  # None: the run's own batch does not fit
-    refused: step.MemoryRefusal | None
+    refused: hbm.MemoryRefusal | None
     usable_hbm: int
     largest_batch: int
     splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
@@ -255,25 +223,25 @@ def split_figures(report: dict) -> dict:
     return {key: report[key] for key in _SPLIT_KEYS if key in report}
 
 
-def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | step.MemoryRefusal:
+def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | hbm.MemoryRefusal:
     try:
         return compile_train_step(config, model_config, devices, num_slices=num_slices)
-    except step.MemoryRefusal as refused:
+    except hbm.MemoryRefusal as refused:
         return refused
 
 
-def _needed(result: CompiledStep | step.MemoryRefusal) -> int:
+def _needed(result: CompiledStep | hbm.MemoryRefusal) -> int:
     return result.bytes_per_chip if isinstance(result, CompiledStep) else result.required
 
 
 def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
-                  first: CompiledStep | step.MemoryRefusal) -> int:
+                  first: CompiledStep | hbm.MemoryRefusal) -> int:
     """The largest global batch (a multiple of the chips) whose step fits, from the compiler: memory
     per chip is affine in the batch, so two compiles give the line, and a third checks its answer
     (stepping down one multiple at a time while the compiler refuses it)."""
     unit = len(devices)
     other_batch = config.batch_size * 2 if config.batch_size > unit else config.batch_size + unit
-    if isinstance(first, step.MemoryRefusal) and config.batch_size > unit:
+    if isinstance(first, hbm.MemoryRefusal) and config.batch_size > unit:
         other_batch = max(unit, config.batch_size // 4 // unit * unit)
     other = _try_compile(dataclasses.replace(config, batch_size=other_batch), model_config, devices, num_slices)
     (b1, m1), (b2, m2) = sorted([(config.batch_size, _needed(first)), (other_batch, _needed(other))])
@@ -297,11 +265,11 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
     `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures)."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
-    usable = usable_hbm_bytes(devices)
+    usable = hbm.usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices)
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else 0
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
-              refused=first if isinstance(first, step.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch)
+              refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch)
     if not compare_splits:
         return own
     others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)

@@ -3,10 +3,11 @@ and agree with the analytic count, a batch far too large is refused by the compi
 compiles, and a topology the compiler does not know is one line."""
 
 import dataclasses
+import types
 
 import pytest
 
-from trainer import models
+from trainer import hbm, models
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import compiled, flops
@@ -39,7 +40,7 @@ def test_the_tiny_step_compiles_for_v6e_with_its_figures(tiny_step, model_config
     state_bytes = 12 * flops.param_count(model_config)
     assert state_bytes <= tiny_step.arguments < state_bytes + 2**20
     assert tiny_step.aliased >= state_bytes * 0.99
-    assert 0 < tiny_step.bytes_per_chip < compiled.usable_hbm_bytes(v6e_2x2)
+    assert 0 < tiny_step.bytes_per_chip < hbm.usable_hbm_bytes(v6e_2x2)
     # The compiler's FLOPs against 6N + attention: the dense [L, L] attention also computes the masked
     # (future) half, and softmax, norms and the optimizer add element-wise work; measured 1.27x.
     analytic = flops.training_flops_per_token(model_config, TINY.seq_len) * TINY.batch_size * TINY.seq_len / 4
@@ -88,7 +89,7 @@ def test_a_batch_far_too_large_does_not_fit_and_says_by_how_much(v6e_2x2):
     huge = dataclasses.replace(TINY, seq_len=65_536, attention="dense")
     report = compiled.fit(huge, v6e_2x2, vocab_size=VOCAB, search_batch=False).report()
     assert report["fits"] is False and report["headroom_gib"] < 0 and report["refused_for"] == "HLO temporaries"
-    assert report["compiled_bytes_per_chip"] > report["usable_hbm_bytes_per_chip"] == compiled.usable_hbm_bytes(v6e_2x2)
+    assert report["compiled_bytes_per_chip"] > report["usable_hbm_bytes_per_chip"] == hbm.usable_hbm_bytes(v6e_2x2)
     assert 31 * GIB < report["usable_hbm_bytes_per_chip"] < 32 * GIB  # v6e: 32 GiB, of which the compiler lets 31.24 be used
 
 
@@ -120,3 +121,27 @@ def test_a_batch_the_chips_do_not_divide_is_one_line(model_config, v6e_2x2):
 def test_a_mesh_the_chips_do_not_divide_is_one_line(model_config, v6e_2x2):
     with pytest.raises(UserError, match=r"^--mesh data=3,fsdp=1: needs 3 devices, this job has 4$"):
         compiled.compile_train_step(dataclasses.replace(TINY, mesh={"data": 3, "fsdp": 1}), model_config, v6e_2x2)
+
+
+class _Compiled:
+    """A compiled program's memory_analysis(), as the compiler reports it for gemma3-1b full fine-tune at
+    8192 x 16 rows on v6e 2x4 with no rematerialisation (bench.tpu_fit): temporaries just inside the
+    usable HBM, the donated state beside them."""
+
+    def __init__(self, temporaries_gib: float = 31.21):
+        self.memory = types.SimpleNamespace(
+            argument_size_in_bytes=int(1.4 * GIB), output_size_in_bytes=int(1.4 * GIB), alias_size_in_bytes=int(1.4 * GIB),
+            temp_size_in_bytes=int(temporaries_gib * GIB), generated_code_size_in_bytes=int(0.07 * GIB))
+
+    def memory_analysis(self):
+        return self.memory
+
+
+def test_a_program_fits_when_the_whole_of_it_does(v6e_2x2):
+    """libtpu compiled the program above (its check reads the temporaries), yet with the state it needs
+    32.68 GiB of the 31.24 a chip allows: the step's search goes on to the next candidate."""
+    refusal = hbm.whole_program_refusal(_Compiled(), v6e_2x2)
+    assert refusal.required == hbm.needed_bytes(_Compiled()) > refusal.available == hbm.usable_hbm_bytes(v6e_2x2)
+    assert str(refusal).startswith("the train step does not fit: its arguments, outputs and temporaries need 32.68 GiB per "
+                                   "chip, the TPU compiler allows 31.24 GiB; lower --batch-size")
+    assert hbm.whole_program_refusal(_Compiled(temporaries_gib=28), v6e_2x2) is None

@@ -28,6 +28,7 @@ help:
 	@echo "make image-check   the trainer image's packages in a fresh virtualenv: their size, and the trainer run on them (PyPI, ~4 min)"
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
 	@echo "make lock   re-resolve the dependency locks from the pins (network; docs/dependencies.md)"
+	@echo "make lock-hf   re-resolve requirements-hf.lock, the export check's Python 3.11 set (network)"
 	@echo "make render STACK=multislice   the stack's Kubernetes objects as YAML in rendered/STACK"
 	@echo "make fit STACK=multihost   each run's step compiled for its TPU slice: GiB per chip, cost, largest batch (minutes a run)"
 

@@ -167,6 +167,12 @@ class GkeCluster(Component):
                 ),
                 datapath_provider="ADVANCED_DATAPATH",  # Dataplane V2: eBPF networking, network policy enforced
                 enable_shielded_nodes=True,
+                # Serving's PodMonitoring (and its autoscaler's metric) needs Managed Service for Prometheus'
+                # managed collection: GKE's default for new clusters of recent versions only, so set here
+                # (Autopilot has it always).
+                monitoring_config=gcp.container.ClusterMonitoringConfigArgs(
+                    managed_prometheus=gcp.container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True)
+                ) if config.serving else None,
             ),
             # After the default pool is gone GKE reports another node config; without this a
             # later `pulumi up` would see a diff there and replace the cluster.

@@ -2,7 +2,8 @@
 sits at zero nodes until a replica asks for one, a Google account that may only read the artifacts
 bucket, acting as the serving pods' ServiceAccount, and, for a Docker Hub image, an Artifact
 Registry remote repository of Docker Hub that the nodes pull it through (from the cluster's region,
-as they pull the trainer)."""
+as they pull the trainer), and, with autoscaling, the metrics adapter its autoscaler reads
+(infra.metrics_adapter)."""
 
 from collections.abc import Sequence
 
@@ -14,13 +15,15 @@ from infra.component import Component, service_account_member
 from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.identity import READ_ROLE, PodIdentity, TrainingIdentity
+from infra.metrics_adapter import MetricsAdapter
 from infra.storage import Buckets
 
 
 
 class ServingInfra(Component):
-    """`pool` (None on Autopilot, which provisions from the pods' selectors), `identity` (PodIdentity)
-    and `mirror` (None unless the image is on Docker Hub); `ready` is what the serving objects wait for."""
+    """`pool` (None on Autopilot, which provisions from the pods' selectors), `identity` (PodIdentity),
+    `mirror` (None unless the image is on Docker Hub) and `metrics_adapter` (None without autoscaling);
+    `ready` is what the serving objects wait for, the autoscaler included."""
 
     def __init__(self, name: str, config: StackConfig, cluster: GkeCluster, identity: TrainingIdentity, buckets: Buckets, *,
                  after: Sequence[pulumi.Resource] = (), opts=None):  # fmt: skip
@@ -60,7 +63,11 @@ class ServingInfra(Component):
                 ),
                 opts=self.child(),
             ))  # fmt: skip
-        self.ready: list[pulumi.Resource] = [*([self.pool] if self.pool else []), *self.identity.bindings, *pulls]
+        self.metrics_adapter = None
+        if serving.autoscaled:
+            self.metrics_adapter = MetricsAdapter("metrics-adapter", config, cluster, after=after, opts=pulumi.ResourceOptions(parent=self))
+        self.ready: list[pulumi.Resource] = [*([self.pool] if self.pool else []), *self.identity.bindings, *pulls,
+                                             *([self.metrics_adapter.install] if self.metrics_adapter else [])]  # fmt: skip
         self._artifacts = buckets.artifacts
         self.register_outputs({"pool": self.pool.name if self.pool else None, "account": self.identity.google_service_account.email})
 

@@ -264,3 +264,9 @@ def mirror_repository_id(cluster_name: str) -> str:
 def serving_account_id(cluster_name: str) -> str:
     """The serving pods' Google service account: as long as the training one, so within STACK_NAME_MAX."""
     return f"{cluster_name}-serve"
+
+
+def metrics_adapter_account_id(cluster_name: str) -> str:
+    """The Google service account the autoscaler's metrics adapter reads Cloud Monitoring as: no
+    longer than the training one, so within STACK_NAME_MAX."""
+    return f"{cluster_name}-hpa"

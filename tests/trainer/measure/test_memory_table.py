@@ -43,7 +43,8 @@ def test_the_table_was_compiled_from_todays_step(entries):
     pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
     entry = next(e for e in entries if e["model"] == "gemma3-270m" and e["lora_rank"] and e["topology"] == "1x1")
     args = memory_table.entry_args(entry["model"], entry["lora_rank"], entry["topology"], entry["slices"])
-    config = parse_config([*args, "--remat", entry["remat"]])  # the policy --remat auto settled on
+    # the policy and chunk --remat and --vocab-chunk auto settled on
+    config = parse_config([*args, "--remat", entry["remat"], "--vocab-chunk", str(entry["vocab_chunk"] or "none")])
     devices = compiled.tpu_devices("v6e", entry["topology"], num_slices=entry["slices"])
     model_config = models.model_config(entry["model"], vocab_size=0)
     _, lowered = compiled.lower_train_step(config, model_config, devices, num_slices=entry["slices"], total_steps=1000)

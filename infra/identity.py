@@ -42,14 +42,14 @@ class TrainingIdentity(Component):
         self.namespace = k8s.core.v1.Namespace(
             "training-namespace", metadata=namespace_object(config.namespace)["metadata"], opts=self._on_cluster()
         )
-        self.training = self._pod_identity(
+        self.training = self.pod_identity(
             "training",
             account_id=config.training_service_account_id,
             description="Training pods",
             service_account=config.service_account,
             grants=(("reads-data", buckets.data, READ_ROLE), ("writes-artifacts", buckets.artifacts, WRITE_ROLE)),
         )
-        self.preparation = self._pod_identity(
+        self.preparation = self.pod_identity(
             "preparation",
             account_id=config.preparation_service_account_id,
             description="Data preparation pods",
@@ -63,7 +63,7 @@ class TrainingIdentity(Component):
     def _on_cluster(self) -> pulumi.ResourceOptions:
         return self.child(*self._cluster.ready, provider=self._cluster.provider)
 
-    def _pod_identity(
+    def pod_identity(
         self, label: str, *, account_id: str, description: str, service_account: str,
         grants: Sequence[tuple[str, gcp.storage.Bucket, str]],
     ) -> PodIdentity:  # fmt: skip

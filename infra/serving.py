@@ -31,7 +31,7 @@ class ServingInfra(Component):
         serving = config.serving
         self.pool = self._pool(config, cluster) if config.cluster_mode == "standard" else None
         # One binding only: objectViewer on the artifacts bucket, where the runs' exports are.
-        self.identity: PodIdentity = identity._pod_identity(
+        self.identity: PodIdentity = identity.pod_identity(
             "serving", account_id=serving_account_id(config.cluster_name), description="Serving pods", service_account=SERVING_NAME,
             grants=(("reads-artifacts", buckets.artifacts, READ_ROLE),),
         )  # fmt: skip

@@ -76,11 +76,11 @@ _POLL_SECONDS = 10
 _LABEL = "app.kubernetes.io"
 
 
-def _labels(component: str, name: str) -> dict[str, str]:
+def object_labels(component: str, name: str) -> dict[str, str]:
     return {f"{_LABEL}/name": "gemma-tpu", f"{_LABEL}/component": component, f"{_LABEL}/instance": name}
 
 
-def _fuse_volume(name: str, bucket: str, *, uid: int, read_only: bool, cache_gib: int = 0) -> dict[str, Any]:
+def fuse_volume(name: str, bucket: str, *, uid: int, read_only: bool, cache_gib: int = 0) -> dict[str, Any]:
     """A GCS FUSE CSI ephemeral volume whose files belong to `uid`, cached on disk up to `cache_gib`.
 
     Mount options: the driver itself mounts with allow_other and default_permissions and keeps only
@@ -110,14 +110,14 @@ def _fuse_cache_volume(cache_gib: int) -> dict[str, Any]:
     return {"name": _FUSE_CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gib + CACHE_HEADROOM_GIB}Gi"}}
 
 
-def _pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
+def pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
     annotations = {"gke-gcsfuse/volumes": "true"}
     if not evictable:
         annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
     return {"labels": labels, "annotations": annotations}
 
 
-def _pod_security(uid: int) -> dict[str, Any]:
+def pod_security(uid: int) -> dict[str, Any]:
     """The pod's user and group. Root (the gemma-tpu:trainerRunsAsRoot fallback) still runs with
     every capability dropped: it only owns what root owns, such as the TPU device files."""
     # fsGroup: the GCS FUSE sidecar (its own non-root user) may write the cache volume; without it
@@ -125,7 +125,7 @@ def _pod_security(uid: int) -> dict[str, Any]:
     return {"runAsNonRoot": uid != 0, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid}
 
 
-_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 # The image's entrypoint (trainer/Dockerfile), run once the prepared data is there.
@@ -182,24 +182,24 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True},
             {"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
         ],
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
         "ports": [{"name": "tpu-metrics", "containerPort": TPU_METRICS_PORT}],
     }
     if spec.profiling:
         trainer["ports"].append({"name": "profiler", "containerPort": PROFILE_PORT})
     return {
-        "metadata": _pod_metadata(_labels("train", spec.name), evictable=False),
+        "metadata": pod_metadata(object_labels("train", spec.name), evictable=False),
         "spec": {
             "serviceAccountName": spec.service_account,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "nodeSelector": dict(spec.tpu_node_selector),
             **_node_pool_affinity(spec.tpu_node_pools),
-            "securityContext": _pod_security(spec.trainer_uid),
+            "securityContext": pod_security(spec.trainer_uid),
             "containers": [trainer],
             "volumes": [
-                _fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
-                _fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
+                fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
+                fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
                 _fuse_cache_volume(spec.data_cache_gib),
             ],
         },
@@ -222,7 +222,7 @@ def _pod_failure_policy(on_disruption: str) -> dict[str, Any]:
 
 
 def _metadata(spec: RunSpec, name: str, component: str, annotations: dict[str, str]) -> dict[str, Any]:
-    metadata = {"name": name, "namespace": spec.namespace, "labels": _labels(component, name)}
+    metadata = {"name": name, "namespace": spec.namespace, "labels": object_labels(component, name)}
     if annotations:
         metadata["annotations"] = annotations
     return metadata
@@ -330,7 +330,7 @@ def _dataset_source(spec: RunSpec) -> tuple[list[str], list[dict[str, Any]], lis
     bucket, _, path = spec.dataset.removeprefix("gs://").partition("/")
     if bucket == spec.data_bucket:
         return ["--input", f"{DATA_MOUNT}/{path}"], [], []
-    volume = _fuse_volume("source", bucket, uid=TRAINER_UID, read_only=True)  # read once, start to end: no cache
+    volume = fuse_volume("source", bucket, uid=TRAINER_UID, read_only=True)  # read once, start to end: no cache
     mount = {"name": "source", "mountPath": _SOURCE_MOUNT, "readOnly": True}
     return ["--input", f"{_SOURCE_MOUNT}/{path}"], [volume], [mount]
 
@@ -351,17 +351,17 @@ def preparation_job(spec: RunSpec) -> dict[str, Any]:
         "args": args,
         "resources": {"requests": resources, "limits": resources},
         "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}, *source_mounts],
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
     }
     pod = {
-        "metadata": _pod_metadata(_labels("prepare", spec.prepare_name), evictable=True),
+        "metadata": pod_metadata(object_labels("prepare", spec.prepare_name), evictable=True),
         "spec": {
             "serviceAccountName": spec.prepare_service_account,
             "restartPolicy": "Never",
             "nodeSelector": dict(spec.cpu_node_selector),
-            "securityContext": _pod_security(TRAINER_UID),
+            "securityContext": pod_security(TRAINER_UID),
             "containers": [container],
-            "volumes": [_fuse_volume("data", spec.data_bucket, uid=TRAINER_UID, read_only=False), *source_volumes],
+            "volumes": [fuse_volume("data", spec.data_bucket, uid=TRAINER_UID, read_only=False), *source_volumes],
         },
     }
     return {

@@ -22,7 +22,7 @@ from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
 from infra.names import NODE_POOL_LABEL
-from workloads.manifests import _CONTAINER_SECURITY, SKIP_AWAIT, _fuse_volume, _labels, _pod_metadata, _pod_security
+from workloads.manifests import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, pod_metadata, pod_security
 from workloads.spec import RunSpec
 
 SERVING_PORT = 8000
@@ -128,12 +128,12 @@ def serving_spec(config: StackConfig, run: RunSpec) -> ServingSpec:
 
 
 def _metadata(spec: ServingSpec, name: str, component: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    metadata = {"name": name, "namespace": spec.namespace, "labels": _labels(component, name)}
+    metadata = {"name": name, "namespace": spec.namespace, "labels": object_labels(component, name)}
     return metadata | {"annotations": annotations} if annotations else metadata
 
 
 def _server_labels() -> dict[str, str]:
-    return _labels("serve", SERVING_NAME)
+    return object_labels("serve", SERVING_NAME)
 
 
 def server_args(spec: ServingSpec) -> list[str]:
@@ -165,7 +165,7 @@ def _wait_for_export(spec: ServingSpec) -> dict[str, Any]:
         "image": spec.image,
         "command": ["sh", "-c", script],
         "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
     }
 
 
@@ -192,12 +192,12 @@ def _server(spec: ServingSpec) -> dict[str, Any]:
             {"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT},
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
     }
 
 
 def _export_volume(spec: ServingSpec) -> dict[str, Any]:
-    volume = _fuse_volume("model", spec.artifacts_bucket, uid=_ROOT, read_only=True)
+    volume = fuse_volume("model", spec.artifacts_bucket, uid=_ROOT, read_only=True)
     attributes = volume["csi"]["volumeAttributes"]
     attributes["mountOptions"] = ",".join([attributes["mountOptions"], f"only-dir={spec.export_dir}", *_EXPORT_MOUNT_OPTIONS])
     return volume
@@ -206,12 +206,12 @@ def _export_volume(spec: ServingSpec) -> dict[str, Any]:
 def deployment(spec: ServingSpec) -> dict[str, Any]:
     labels = _server_labels()
     pod = {
-        "metadata": _pod_metadata(labels, evictable=True),
+        "metadata": pod_metadata(labels, evictable=True),
         "spec": {
             "serviceAccountName": spec.service_account,
             "nodeSelector": dict(spec.node_selector),
             "tolerations": [{**SERVING_TAINT, "operator": "Equal", "effect": "NoSchedule"}],
-            "securityContext": _pod_security(_ROOT),
+            "securityContext": pod_security(_ROOT),
             "initContainers": [_wait_for_export(spec)],
             "containers": [_server(spec)],
             "volumes": [
@@ -312,7 +312,7 @@ def smoke_job(spec: ServingSpec) -> dict[str, Any]:
         "name": SMOKE_CONTAINER,
         "image": spec.image,
         "command": ["python3", "-c", script],
-        "securityContext": _CONTAINER_SECURITY,
+        "securityContext": CONTAINER_SECURITY,
     }
     return {
         "apiVersion": "batch/v1",
@@ -321,8 +321,8 @@ def smoke_job(spec: ServingSpec) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 2,
             "template": {
-                "metadata": {"labels": _labels("smoke", f"{SERVING_NAME}-smoke")},
-                "spec": {"restartPolicy": "Never", "securityContext": _pod_security(_ROOT), "containers": [container]},
+                "metadata": {"labels": object_labels("smoke", f"{SERVING_NAME}-smoke")},
+                "spec": {"restartPolicy": "Never", "securityContext": pod_security(_ROOT), "containers": [container]},
             },
         },
     }

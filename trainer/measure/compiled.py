@@ -71,6 +71,7 @@ class CompiledStep:
     temporaries: int
     aliased: int
     generated_code: int
+    bytes_per_chip: int  # the whole program: trainer.hbm.needed_bytes, what the step's search checks
     flops_reported: float  # the compiler's cost analysis, loop bodies counted once
     flops_loop_correction: float  # the iterations it left out (see the module docstring)
     flops_kernels: float  # the Pallas kernels' count, which the analysis has not
@@ -80,10 +81,6 @@ class CompiledStep:
     ici_bytes: int  # what the program's collectives move per chip (trainer.measure.collectives)
     fingerprint: str  # of the lowered program: equal to the one the run records in config.json
     dense_attention_mask: bool  # an [..., L, L] tensor in the optimized program
-
-    @property
-    def bytes_per_chip(self) -> int:
-        return self.arguments + self.outputs + self.temporaries - self.aliased + self.generated_code
 
     @property
     def flops_per_chip(self) -> float:
@@ -141,7 +138,7 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
         attention=run_step.layers.attention, remat=run_step.layers.remat, vocab_chunk=run_step.vocab_chunk,
         arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
         temporaries=memory.temp_size_in_bytes, aliased=memory.alias_size_in_bytes,
-        generated_code=memory.generated_code_size_in_bytes,
+        generated_code=memory.generated_code_size_in_bytes, bytes_per_chip=hbm.needed_bytes(compiled),
         flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops, flops_kernels=attention_flops,
         bytes_reported=float(cost.get("bytes accessed", 0.0)), bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
         ici_bytes=collectives.collective_bytes(hlo), fingerprint=step.step_fingerprint(lowered),

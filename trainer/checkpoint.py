@@ -19,9 +19,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
-from gemma import gm
 
-from trainer import shared_files
+from trainer import params_io, shared_files
 from trainer.errors import UserError
 
 # What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
@@ -180,7 +179,7 @@ def export_params(params, path: str | pathlib.Path) -> str:
     temporary = path.with_name(f".{path.name}.partial-{_agreed_token()}")
     is_main = jax.process_index() == 0
     try:
-        gm.ckpts.save_params(params, temporary, wait_until_finished=True)
+        params_io.save_params(params, temporary)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"exported {temporary}")
         if is_main:

@@ -19,11 +19,12 @@ from trainer.shared_files import replaced_atomically
 
 
 def official_tokenizer_path() -> str:
-    """The Gemma 3 tokenizer of the official weights (a gs:// path the gemma package names). Importing
-    gemma takes seconds and JAX with it, so only a caller that needs the official tokenizer pays."""
-    from gemma import gm
+    """The Gemma 3 tokenizer of the official weights (a gs:// path; the gemma package names the same
+    one, as `gm.text.Gemma3Tokenizer.path`). Imported here only when asked for: params_io imports
+    JAX and Orbax."""
+    from trainer import params_io
 
-    return str(gm.text.Gemma3Tokenizer.path)
+    return params_io.OFFICIAL_TOKENIZER
 
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3

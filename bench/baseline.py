@@ -24,6 +24,7 @@ from gemma import gm
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bench.side import Side, StepCounts
+from trainer.gemma3.config import Attention, Gemma3Config
 from trainer.config import TrainConfig
 from trainer.data.tokenizer import Tokenizer
 
@@ -47,6 +48,22 @@ def train_step(state: train_state.TrainState, inputs, targets):
     return state.apply_gradients(grads=grads), loss
 
 
+def gemma_config(config: Gemma3Config) -> gm.nn.config.TransformerConfig:
+    """The gemma package's config of one of our architectures (the tutorial builds gemma's own model)."""
+    kinds = {Attention.LOCAL: gm.nn.AttentionType.LOCAL_SLIDING, Attention.GLOBAL: gm.nn.AttentionType.GLOBAL}
+    norms = {config.head_dim: gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+             config.embed_dim // config.num_heads: gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS}
+    return gm.nn.config.TransformerConfig(
+        num_embed=config.num_embed, embed_dim=config.embed_dim, hidden_dim=config.hidden_dim,
+        num_heads=config.num_heads, head_dim=config.head_dim, num_kv_heads=config.num_kv_heads,
+        attention_types=tuple(kinds[kind] for kind in config.attention_types),
+        final_logit_softcap=config.final_logit_softcap, use_post_attn_norm=True, use_post_ffw_norm=True, use_qk_norm=True,
+        query_pre_attn_norm=norms[config.query_pre_attn_scalar], sliding_window_size=config.sliding_window_size,
+        transpose_gating_einsum=True, local_base_frequency=config.local_base_frequency,
+        global_base_frequency=config.global_base_frequency, global_scale_factor=config.global_scale_factor,
+    )
+
+
 class Baseline(Side):
     name = "baseline"
 
@@ -57,7 +74,7 @@ class Baseline(Side):
         self.tokenizer, self.seq_len, self.batch_size = tokenizer, seq_len, batch_size
         self._documents = itertools.cycle(documents)
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
-        model = gm.nn.Transformer(config=model_config, dtype=jnp.bfloat16)
+        model = gm.nn.Transformer(config=gemma_config(model_config), dtype=jnp.bfloat16)
         bf16_params = jax.device_put(jax.tree.map(lambda p: p.astype(jnp.bfloat16), params),
                                      NamedSharding(self.mesh, PartitionSpec()))
         self.state = train_state.TrainState.create(apply_fn=model.apply, params=bf16_params,

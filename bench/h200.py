@@ -54,10 +54,6 @@ def gpu_plan() -> Plan:
 DRY_RUN_PLAN = Plan(schedule=throughput.Schedule(warmup_steps=0, repeats=2, steps_per_repeat=1), max_batch=8, budget=512 * 2**20)
 
 
-def _gemma3_270m(vocab_size: int):
-    return models.model_config("gemma3-270m", vocab_size=vocab_size)
-
-
 def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch_size: int) -> Side:
     if name == "ours":
         return Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch_size)
@@ -123,7 +119,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     inputs = inputs_lib.build_inputs(args.workdir)
-    model_config = (models.tiny_config if args.dry_run else _gemma3_270m)(inputs.tokenizer.vocab_size)
+    model_config = models.model_config("tiny" if args.dry_run else "gemma3-270m", vocab_size=inputs.tokenizer.vocab_size)
     plan = DRY_RUN_PLAN if args.dry_run else gpu_plan()
     print(f"  {inputs_lib.length_distribution(inputs, max(SEQ_LENS))}")
     for seq_len in SEQ_LENS:

@@ -16,7 +16,6 @@ import sys
 import time
 
 import jax
-from gemma import gm
 
 from bench import inputs as inputs_lib
 from bench.baseline import Baseline
@@ -25,7 +24,8 @@ from bench.side import Side
 from bench.stats import Repeats, mib, peak_rss_bytes, spread
 from trainer.measure import flops, hardware
 from trainer import models
-from trainer.config import PRESET_VALUES, TrainConfig
+from trainer.config import PRESET_VALUES, TINY, TrainConfig
+from trainer.gemma3.config import Gemma3Config
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,12 +36,11 @@ class BenchConfig:
     batch_size: int
     layers: int | None = None  # None: the model's own; else its first `layers` blocks
 
-    def model_config(self, vocab_size: int) -> gm.nn.config.TransformerConfig:
+    def model_config(self, vocab_size: int) -> Gemma3Config:
         if self.name == "tiny":
-            return models.tiny_config(vocab_size)
+            return models.model_config(TINY, vocab_size=vocab_size)
         config = models.model_config("gemma3-270m", vocab_size=vocab_size)
-        layers = config.attention_types[: self.layers] if self.layers else config.attention_types
-        return dataclasses.replace(config, num_embed=vocab_size, attention_types=layers)
+        return dataclasses.replace(config, num_embed=vocab_size, num_layers=self.layers or config.num_layers)
 
 
 _TINY = PRESET_VALUES["tiny"]

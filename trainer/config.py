@@ -18,17 +18,12 @@ import yaml
 
 from trainer.data import chat, formats
 from trainer.errors import UserError
+from trainer.gemma3 import config as gemma3_config
 
-# The one table of models: name -> (gemma class, official pre-trained checkpoint). Text-only
-# variants: this trainer fine-tunes on text, so the vision tower of 4B+ is neither built nor loaded.
-# trainer.models builds them; the stack config offers them (infra.config).
-GEMMA3_MODELS = {
-    "gemma3-270m": ("Gemma3_270M", "GEMMA3_270M_PT"),
-    "gemma3-1b": ("Gemma3_1B", "GEMMA3_1B_PT"),
-    "gemma3-4b": ("Gemma3_4B", "GEMMA3_4B_PT"),
-    "gemma3-12b": ("Gemma3_12B", "GEMMA3_12B_PT"),
-    "gemma3-27b": ("Gemma3_27B", "GEMMA3_27B_PT"),
-}
+# The one table of models: name -> Gemma 3 text architecture (trainer.gemma3.config; the vision tower of
+# 4B+ is neither built nor loaded: this trainer fine-tunes on text). trainer.models builds them and
+# trainer.params_io names their official checkpoints; the stack config offers them (infra.config).
+GEMMA3_MODELS = gemma3_config.MODELS
 # A Gemma 3 architecture small enough for a laptop CPU, with a tokenizer trained on its data.
 TINY = "tiny"
 

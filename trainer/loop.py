@@ -161,7 +161,7 @@ def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
     data_source = config.data or str(generated / ("chat.jsonl" if chat_demo else "corpus.txt"))
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
-        tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else tokenizer_lib.official_tokenizer_path()
+        tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else tokenizer_lib.OFFICIAL_TOKENIZER
 
     def make_and_open():
         if config.data is None and not pathlib.Path(data_source).exists():

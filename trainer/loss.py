@@ -26,14 +26,8 @@ def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
 
 
 def hidden_states(model, params, batch, layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> jax.Array:
-    """Final hidden states [B, L, D]; the logits the model also returns are unused and compiled away.
-    Splash attention reads the segment ids instead of a mask (gemma's default causal mask goes unused)."""
-    variables = {"params": params, **layers_lib.variables(layers, batch["segment_ids"])}
-    mask = None if layers.attention == "splash" else packed_attention_mask(batch["segment_ids"])
-    with layers_lib.applied(layers):
-        output = model.apply(variables, batch["input_tokens"], positions=batch["positions"], attention_mask=mask,
-                             return_hidden_states=True)
-    return output.hidden_states
+    """Final hidden states [B, L, D] of packed rows (trainer.gemma3.model)."""
+    return model.apply({"params": params}, batch["input_tokens"], batch["positions"], batch["segment_ids"], options=layers)
 
 
 def _softcap(logits: jax.Array, cap: float | None) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Gemma 3 models from the `gemma` package, a tiny one for CPU, their weights, and LoRA.
+"""Gemma 3 models (trainer.gemma3), a tiny one for CPU, their weights, and LoRA.
 
 Parameters are float32 masters (the optimizer updates these); `trainer.loss` casts them to the
 compute dtype for the forward pass: AdamW's small updates would vanish when added to bfloat16 weights.
@@ -6,57 +6,30 @@ compute dtype for the forward pass: AdamW's small updates would vanish when adde
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from gemma import gm, peft
 
-from trainer import checkpoint
+from trainer import checkpoint, params_io
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
 from trainer.errors import UserError
+from trainer.gemma3 import config as gemma3_config
+from trainer.gemma3.config import Gemma3Config
+from trainer.gemma3.model import Transformer
 
 Params = dict[str, Any]
-
-TINY_LAYERS = 4
-
-
-def tiny_config(vocab_size: int) -> gm.nn.config.TransformerConfig:
-    """A Gemma 3 architecture (GQA, QK-norm, local/global attention) small enough to train on a laptop CPU."""
-    return gm.nn.config.TransformerConfig(
-        num_embed=vocab_size,
-        embed_dim=128,
-        hidden_dim=512,
-        num_heads=4,
-        head_dim=32,
-        num_kv_heads=1,
-        attention_types=gm.nn.config.make_attention_layers_types(gm.nn.config.GEMMA3_ATTENTION_PATTERN, num_layers=TINY_LAYERS),
-        final_logit_softcap=None,
-        use_post_attn_norm=True,
-        use_post_ffw_norm=True,
-        use_qk_norm=True,
-        query_pre_attn_norm=gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
-        attn_logits_soft_cap=None,
-        sliding_window_size=64,
-        transpose_gating_einsum=True,
-        local_base_frequency=10_000,
-        global_base_frequency=1_000_000,
-        vision_encoder=None,
-    )
+LORA = "lora"  # the key of every adapter's factors in the params tree
 
 
-def model_config(name: str, *, vocab_size: int) -> gm.nn.config.TransformerConfig:
-    """The text TransformerConfig of a model; `vocab_size` (the tokenizer's) sizes only `tiny`."""
-    if name == TINY:
-        return tiny_config(vocab_size)
-    config = getattr(gm.nn, GEMMA3_MODELS[name][0]).config
-    return dataclasses.replace(config, vision_encoder=None)
+def model_config(name: str, *, vocab_size: int) -> Gemma3Config:
+    """The text architecture of a model; `vocab_size` (the tokenizer's) sizes only `tiny`."""
+    return gemma3_config.tiny(vocab_size) if name == TINY else GEMMA3_MODELS[name]
 
 
-def check_vocabulary(name: str, config: gm.nn.config.TransformerConfig, *, tokenizer_path: str, vocab_size: int) -> None:
+def check_vocabulary(name: str, config: Gemma3Config, *, tokenizer_path: str, vocab_size: int) -> None:
     if vocab_size > config.num_embed:
         raise UserError(
             f"--tokenizer {tokenizer_path}: its vocabulary ({vocab_size} pieces) does not fit --model {name} "
@@ -67,15 +40,12 @@ def check_vocabulary(name: str, config: gm.nn.config.TransformerConfig, *, token
 def official_checkpoint(name: str) -> str:
     if name == TINY:
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
-    return str(gm.ckpts.CheckpointPath[GEMMA3_MODELS[name][1]])
+    return params_io.OFFICIAL_CHECKPOINTS[name]
 
 
-def build_model(config: gm.nn.config.TransformerConfig, *, dtype, lora_rank: int = 0):
+def build_model(config: Gemma3Config, *, dtype, lora_rank: int = 0) -> Transformer:
     """The flax module; `dtype` is the dtype its parameters (and hence its computation) have."""
-    model = gm.nn.Transformer(config=config, dtype=dtype)
-    if lora_rank:
-        model = gm.nn.LoRA(rank=lora_rank, model=model, dtype=dtype)
-    return model
+    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank)
 
 
 def _dummy_tokens() -> jax.Array:
@@ -98,23 +68,34 @@ def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable 
     model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
 
     def init(key):
-        _, adapters = peft.split_params(model.init(key, _dummy_tokens())["params"])
-        return adapters  # the base weights are dead code here and never materialise
+        return adapters_only(model.init(key, _dummy_tokens())["params"])  # the base weights are dead code here
 
     shardings = out_shardings(jax.eval_shape(init, jax.random.key(seed))) if out_shardings else None
     return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
 
 
+def adapters_only(params: Params) -> Params:
+    """The branches of `params` that lead to LoRA factors, nested as in `params`."""
+    kept = {}
+    for key, value in params.items():
+        if key == LORA:
+            kept[key] = value
+        elif isinstance(value, dict) and (branch := adapters_only(value)):
+            kept[key] = branch
+    return kept
+
+
 def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | None) -> Params:
-    """A `gm.ckpts.load_params` checkpoint as float32 masters, sharded by `out_shardings(tree)`.
+    """A Gemma parameter checkpoint (trainer.params_io) as float32 masters, sharded by `out_shardings(tree)`.
 
     `expected` (ShapeDtypeStructs of the model's params) catches a checkpoint of another model or
     vocabulary before training starts.
     """
     try:
-        params = gm.ckpts.load_params(checkpoint.absolute_path(path), text_only=True, sharding=out_shardings)
-    except (FileNotFoundError, ValueError):  # gemma raises ValueError for a directory without checkpoint metadata
-        raise UserError(f"{flag} {path}: no checkpoint there (expected a directory written by gm.ckpts.save_params)") from None
+        params = params_io.load_params(str(checkpoint.absolute_path(path)), sharding=out_shardings)
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: no checkpoint there (expected Gemma parameters, as gm.ckpts.save_params "
+                        "and `python -m trainer` exports write them)") from None
     describe = lambda tree: {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}  # noqa: E731
     got, want = describe(params), describe(expected)
     if got != want:
@@ -127,13 +108,17 @@ def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | No
 
 
 def join_lora(base: Params, adapters: Params) -> Params:
-    return peft.merge_params(base, adapters)
+    """One tree of the base weights and the adapters' branches (the inverse of splitting them)."""
+    joined = dict(base)
+    for key, value in adapters.items():
+        joined[key] = join_lora(base[key], value) if key in base else value
+    return joined
 
 
 def merge_lora_into_base(params: Params) -> Params:
     """Folds each adapter into the weight it adapts: W + A @ B, giving a plain (LoRA-free) Gemma tree.
 
-    gemma.peft has no fuse yet. The adapter's A holds the weight's input (and batch) axes, B its
+    The adapter's A holds the weight's input (and batch) axes, B its
     output axes, each in the weight's own order, so the weight's axes are recovered from the shapes.
     """
     merged = {}

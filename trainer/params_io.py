@@ -25,16 +25,8 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-# The Gemma 3 tokenizer of the official weights: str(gm.text.Gemma3Tokenizer.path).
-OFFICIAL_TOKENIZER = "gs://gemma-data/tokenizers/tokenizer_gemma3.model"
-# gm.ckpts.CheckpointPath's pre-trained Gemma 3 checkpoints, by the enum's names.
-OFFICIAL_CHECKPOINTS = {
-    "GEMMA3_270M_PT": "gs://gemma-data/checkpoints/gemma3-270m-pt",
-    "GEMMA3_1B_PT": "gs://gemma-data/checkpoints/gemma3-1b-pt",
-    "GEMMA3_4B_PT": "gs://gemma-data/checkpoints/gemma3-4b-pt",
-    "GEMMA3_12B_PT": "gs://gemma-data/checkpoints/gemma3-12b-pt",
-    "GEMMA3_27B_PT": "gs://gemma-data/checkpoints/gemma3-27b-pt",
-}
+# The pre-trained Gemma 3 checkpoints by our model names (gm.ckpts.CheckpointPath.GEMMA3_*_PT).
+OFFICIAL_CHECKPOINTS = {f"gemma3-{size}": f"gs://gemma-data/checkpoints/gemma3-{size}-pt" for size in ("270m", "1b", "4b", "12b", "27b")}
 
 _TEXT, _VISION = "transformer", "SigLiPFromPatches_0"  # the FLAT layout's top-level prefixes
 _VISION_ENCODER = "vision_encoder"  # the NESTED name of the vision encoder

@@ -248,7 +248,7 @@ CASES = (
            error="--tokenizer huge.model: its vocabulary (262145 pieces) does not fit --model gemma3-270m "
            "(262144 embeddings); use the model's own tokenizer"),
     BadRun(section=MODEL_FILES, case="missing weights", args=("--weights", "missing"),
-           error="--weights missing: no checkpoint there (expected a directory written by gm.ckpts.save_params)"),
+           error="--weights missing: no checkpoint there (expected Gemma parameters, as gm.ckpts.save_params and `python -m trainer` exports write them)"),
     BadRun(section=MODEL_FILES, case="weights of another vocabulary", args=("--weights", "first/export/params",
            "--tokenizer", "other.model", "--data", "stories.txt"), files={"stories.txt": f"{STORY}{SEPARATOR}".encode() * 20},
            provided={"first": "a finished run with tokenizer.model", "other.model": "a tokenizer of 400 pieces"},

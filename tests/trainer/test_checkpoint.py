@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gemma import gm
 
-from trainer import checkpoint
+from trainer import checkpoint, params_io
 from trainer.data import loader as data_lib
 from trainer.errors import UserError
 
@@ -110,13 +110,13 @@ def test_an_export_that_fails_midway_keeps_the_earlier_one_whole(tmp_path, monke
     """A run that dies while exporting (a full disk, a preemption) leaves the previous export readable."""
     checkpoint.export_params(_params(1.0), tmp_path / "params")
     earlier = _contents(tmp_path / "params")
-    save = gm.ckpts.save_params
+    save = params_io.save_params
 
     def disk_full(params, path, **options):
         save(params, path, **options)  # the new export half-written: its files are there, then the disk is full
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(gm.ckpts, "save_params", disk_full)
+    monkeypatch.setattr(params_io, "save_params", disk_full)
     with pytest.raises(OSError, match="No space left"):
         checkpoint.export_params(_params(2.0), tmp_path / "params")
     assert _contents(tmp_path / "params") == earlier

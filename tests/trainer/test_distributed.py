@@ -106,7 +106,7 @@ def runs_dir(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def initial_weights(runs_dir, tokenizer_path):
     """(path for --weights, params): small random weights of the tiny model, exported like a checkpoint."""
-    config = models.tiny_config(load_tokenizer(str(tokenizer_path)).vocab_size)
+    config = models.model_config("tiny", vocab_size=load_tokenizer(str(tokenizer_path)).vocab_size)
     rng = np.random.default_rng(0)
     shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
     params = jax.tree.map(lambda leaf: (0.02 * rng.standard_normal(leaf.shape)).astype(leaf.dtype), shapes)

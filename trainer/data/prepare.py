@@ -40,7 +40,7 @@ from trainer import contract
 from trainer.data.corpus import SEPARATOR
 from trainer.errors import UserError, entry_point
 from trainer.shared_files import replaced_atomically
-from trainer.data.tokenizer import Tokenizer, load_tokenizer, official_tokenizer_path
+from trainer.data.tokenizer import OFFICIAL_TOKENIZER, Tokenizer, load_tokenizer
 
 # 2: meta.json says the data format and whether records carry a loss mask. 1 (text only, no mask) still reads.
 FORMAT_VERSION = 2
@@ -339,7 +339,7 @@ def prepare(source, tokenizer: Tokenizer, output_dir, *, data_format=formats.AUT
 def _tokenizer_path(tokenizer: str) -> str:
     if tokenizer != OFFICIAL:
         return tokenizer
-    return official_tokenizer_path()
+    return OFFICIAL_TOKENIZER
 
 
 def parse_args(argv=None) -> argparse.Namespace:

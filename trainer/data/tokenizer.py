@@ -18,13 +18,8 @@ from trainer.errors import UserError
 from trainer.shared_files import replaced_atomically
 
 
-def official_tokenizer_path() -> str:
-    """The Gemma 3 tokenizer of the official weights (a gs:// path; the gemma package names the same
-    one, as `gm.text.Gemma3Tokenizer.path`). Imported here only when asked for: params_io imports
-    JAX and Orbax."""
-    from trainer import params_io
-
-    return params_io.OFFICIAL_TOKENIZER
+# The Gemma 3 tokenizer of the official weights (the gemma package's `gm.text.Gemma3Tokenizer.path`).
+OFFICIAL_TOKENIZER = "gs://gemma-data/tokenizers/tokenizer_gemma3.model"
 
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3

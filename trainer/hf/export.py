@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
-from gemma import gm, peft
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
@@ -36,6 +35,7 @@ from trainer.hf import config as hf_config, tokenizer as hf_tokenizer, weights a
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import GEMMA3_MODELS, TrainConfig
 from trainer.errors import UserError, entry_point
+from trainer.gemma3.config import Gemma3Config
 
 FORMATS = ("hf",)
 LORA_EXPORTS = ("merged", "adapter", "base")
@@ -110,7 +110,7 @@ def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dty
 
 
 def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str) -> None:
-    """A PEFT LoRA adapter directory of gm adapters (gemma.peft.split_params), into the existing `directory`."""
+    """A PEFT LoRA adapter directory of the adapters' tree (trainer.models.adapters_only), into the existing `directory`."""
     write_safetensors(directory, adapters, hf_weights.lora_tensors(model_config.num_layers), dtype=DTYPES[dtype],
                       stem="adapter_model", max_shard_bytes=sys.maxsize)
     _write_json(directory / "adapter_config.json", {
@@ -118,7 +118,7 @@ def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int,
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
         "r": rank,
-        "lora_alpha": rank,  # PEFT scales by lora_alpha / r; gm's LoRA does not scale
+        "lora_alpha": rank,  # PEFT scales by lora_alpha / r; our LoRA (gemma's) does not scale
         "lora_dropout": 0.0,
         "bias": "none",
         "target_modules": [*hf_weights.ATTENTION_MODULES, *hf_weights.MLP_MODULES],
@@ -134,7 +134,7 @@ class Run:
 
     workdir: pathlib.Path
     config: TrainConfig
-    model_config: object  # gm TransformerConfig
+    model_config: Gemma3Config
     tokenizer: tokenizer_lib.Tokenizer
 
 

@@ -1,13 +1,13 @@
-"""Where each gm Gemma 3 weight goes in Hugging Face's Gemma3ForCausalLM, and LoRA adapters in PEFT's.
+"""Where each Gemma 3 weight (trainer.gemma3, gemma's tree) goes in Hugging Face's Gemma3ForCausalLM, and LoRA adapters in PEFT's.
 
-gm keeps a projection as an einsum weight with named axes (q_einsum [heads, embed, head_dim],
+The model keeps a projection as an einsum weight with named axes (q_einsum [heads, embed, head_dim],
 kv_einsum [k|v, kv_heads, embed, head_dim], attn_vec_einsum [heads, head_dim, embed],
 gating_einsum [gate|up, hidden, embed], linear [hidden, embed]); torch's nn.Linear keeps [out, in]
 with the heads flattened head-major. Norm scales are stored the same way in both (both apply
 x * (1 + scale)), and both scale the embedding by sqrt(embed_dim) themselves; the output layer is
 the tied embedding.
 
-gm's LoRA (gemma.peft) gives every einsum weight one A over the weight's input axes and one B over
+Our LoRA (gemma's tree) gives every einsum weight one A over the weight's input axes and one B over
 its output axes, delta = A @ B with no scaling. A fused weight (kv_einsum, gating_einsum) thus has
 one A for both halves: PEFT's lora_A of k_proj and v_proj (gate_proj and up_proj) is that same A,
 and each lora_B is its half of B. lora_alpha = r makes PEFT's scale alpha / r exactly 1.
@@ -65,8 +65,6 @@ def _transpose(w: np.ndarray) -> np.ndarray:
 
 def model_tensors(config) -> list[Tensor]:
     """Every tensor of Gemma3ForCausalLM for a plain (LoRA-free) gm tree of `config`."""
-    # transpose_gating_einsum: gating_einsum is [2, hidden, embed], already [out, in]; else [2, embed, hidden].
-    gate_layout = _same if config.transpose_gating_einsum else _transpose
     tensors = [
         Tensor("model.embed_tokens.weight", ("embedder", "input_embedding"), _same),
         Tensor("model.norm.weight", ("final_norm", "scale"), _same),
@@ -84,8 +82,8 @@ def model_tensors(config) -> list[Tensor]:
             Tensor(name + "self_attn.k_proj.weight", (layer, "attn", "kv_einsum", "w"), _heads_out, (0, 0)),
             Tensor(name + "self_attn.v_proj.weight", (layer, "attn", "kv_einsum", "w"), _heads_out, (0, 1)),
             Tensor(name + "self_attn.o_proj.weight", (layer, "attn", "attn_vec_einsum", "w"), _heads_in),
-            Tensor(name + "mlp.gate_proj.weight", (layer, "mlp", "gating_einsum"), gate_layout, (0, 0)),
-            Tensor(name + "mlp.up_proj.weight", (layer, "mlp", "gating_einsum"), gate_layout, (0, 1)),
+            Tensor(name + "mlp.gate_proj.weight", (layer, "mlp", "gating_einsum"), _same, (0, 0)),  # [2, hidden, embed]: [out, in]
+            Tensor(name + "mlp.up_proj.weight", (layer, "mlp", "gating_einsum"), _same, (0, 1)),
             Tensor(name + "mlp.down_proj.weight", (layer, "mlp", "linear"), _transpose),
         ]
     return tensors
@@ -102,7 +100,7 @@ def _b_rank_first(b: np.ndarray) -> np.ndarray:
 
 
 def lora_tensors(num_layers: int) -> list[Tensor]:
-    """PEFT's adapter_model.safetensors tensors for a gm adapters tree (gemma.peft.split_params)."""
+    """PEFT's adapter_model.safetensors tensors for an adapters tree (trainer.models.adapters_only)."""
     tensors = []
     for i in range(num_layers):
         layer, name = f"layer_{i}", f"{PEFT_PREFIX}model.layers.{i}."

@@ -1,16 +1,18 @@
-"""Parameter count and training FLOPs per token, computed from a Gemma `TransformerConfig` alone.
+"""Parameter count and training FLOPs per token, computed from a Gemma 3 architecture alone.
 
-No model is built: the counts follow the parameter shapes of gemma's `Transformer` (gemma/gm/nn/
-_modules.py), and the tests check them against an initialised model. Only the text decoder is
+No model is built: the counts follow the parameter shapes of trainer.gemma3.model, and the tests
+check them against an initialised model. Only the text decoder is
 counted; the trainer builds its models text-only, without a vision encoder.
 """
+
+from trainer.gemma3.config import Attention
 
 
 def _attention_params(config) -> int:
     query = config.num_heads * config.embed_dim * config.head_dim
     key_value = 2 * config.num_kv_heads * config.embed_dim * config.head_dim
     output = config.num_heads * config.head_dim * config.embed_dim
-    qk_norm = 2 * config.head_dim if config.use_qk_norm else 0
+    qk_norm = 2 * config.head_dim
     return query + key_value + output + qk_norm
 
 
@@ -22,7 +24,7 @@ def embedding_params(config) -> int:
 def layer_params(config) -> int:
     """Parameters of one transformer block (all blocks have the same shapes)."""
     feed_forward = 3 * config.embed_dim * config.hidden_dim  # gate and up (one gating einsum), down
-    norms = 2 + config.use_post_attn_norm + config.use_post_ffw_norm  # RMSNorm scales of embed_dim
+    norms = 4  # RMSNorm scales of embed_dim: before and after attention and feed-forward
     return _attention_params(config) + feed_forward + norms * config.embed_dim
 
 
@@ -32,14 +34,11 @@ def param_count(config) -> int:
 
 
 def lora_param_count(config, rank: int) -> int:
-    """Adapter parameters `gm.nn.LoRA(rank=rank)` adds: each projection weight of a block gets
-    a [inputs, rank] and a [rank, outputs] factor (gemma/gm/nn/_lora.py); the embedding gets none."""
+    """Adapter parameters LoRA of `rank` adds: each projection weight of a block gets a [inputs, rank]
+    and a [rank, outputs] factor (trainer.gemma3.model); the embedding gets none."""
     model, heads, kv_heads = config.embed_dim, config.num_heads, config.num_kv_heads
     head, hidden = config.head_dim, config.hidden_dim
-    if kv_heads == heads:  # one fused qkv einsum, as gemma's Attention.use_qkv_einsum
-        query_key_value = model + 3 * heads * head
-    else:
-        query_key_value = (model + heads * head) + (model + 2 * kv_heads * head)
+    query_key_value = (model + heads * head) + (model + 2 * kv_heads * head)
     output = heads * head + model
     feed_forward = (model + 2 * hidden) + (hidden + model)
     return config.num_layers * rank * (query_key_value + output + feed_forward)
@@ -48,7 +47,7 @@ def lora_param_count(config, rank: int) -> int:
 def attention_context(attention_type, seq_len: int, sliding_window_size: int | None) -> float:
     """Mean number of keys a query attends to under the causal mask (and the sliding window)."""
     window = seq_len
-    if attention_type.name == "LOCAL_SLIDING" and sliding_window_size:
+    if attention_type is Attention.LOCAL and sliding_window_size:
         window = min(sliding_window_size, seq_len)
     # Positions 0..window-1 see 1..window keys; the later ones see `window` each.
     return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len

@@ -265,10 +265,8 @@ def test_a_server_error_or_cut_download_is_not_a_user_error_and_leaves_nothing(t
 
 
 def test_tokenizer_official_is_the_trainers_gemma3_tokenizer(tmp_path, corpus_path, tokenizer_path, monkeypatch):
-    from trainer.data.tokenizer import official_tokenizer_path
-
-    assert official_tokenizer_path().endswith(".model")
-    monkeypatch.setattr(prepare_lib, "official_tokenizer_path", lambda: str(tokenizer_path))  # the real one is on gs://
+    assert prepare_lib.OFFICIAL_TOKENIZER.endswith(".model")
+    monkeypatch.setattr(prepare_lib, "OFFICIAL_TOKENIZER", str(tokenizer_path))  # the real one is on gs://
     assert main(["--input", str(corpus_path), "--tokenizer", prepare_lib.OFFICIAL, "--output", str(tmp_path / "o")]) == \
         contract.OK
     assert prepare_lib.read_meta(tmp_path / "o")["tokenizer"]["path"] == str(tokenizer_path)

@@ -57,13 +57,9 @@ def random_tokens(vocab, length, seed=0):
 
 def rich_config(vocab):
     """Beyond the tiny model: grouped kv heads, a global layer after five local ones (its own RoPE base and
-    linear scaling), a short window, a final logit softcap and the untransposed gating layout."""
-    local, global_ = gm.nn.AttentionType.LOCAL_SLIDING, gm.nn.AttentionType.GLOBAL
-    return dataclasses.replace(
-        models.tiny_config(vocab), num_heads=4, num_kv_heads=2, attention_types=(local,) * 5 + (global_,),
-        sliding_window_size=8, global_scale_factor=8.0, final_logit_softcap=30.0,
-        transpose_gating_einsum=False,
-    )
+    linear scaling), a short window and a final logit softcap."""
+    return dataclasses.replace(models.model_config("tiny", vocab_size=vocab), num_heads=4, num_kv_heads=2, num_layers=6,
+                               sliding_window_size=8, global_scale_factor=8.0, final_logit_softcap=30.0)
 
 
 def random_params(config, seed=1):
@@ -126,7 +122,7 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
         assert export.main(["--run", str(run), "--format", "hf", "--out", str(root / out), "--dtype", "float32", *extra]) == 0
 
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    tiny = models.tiny_config(tokenizer.vocab_size)
+    tiny = models.model_config("tiny", vocab_size=tokenizer.vocab_size)
     rich = rich_config(tokenizer.vocab_size)
     rich_params = random_params(rich)
     (root / "rich").mkdir()

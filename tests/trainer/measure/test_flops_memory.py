@@ -3,15 +3,13 @@
 import dataclasses
 
 import pytest
-from gemma import gm
-
-from trainer import contract
+from trainer import contract, models
 
 from trainer.measure import flops, hardware, memory
 
 V6E_HBM = hardware.hbm_bytes(hardware.DEVICE_KIND_OF_ACCELERATOR["v6e"])
-GEMMA3_1B = dataclasses.replace(gm.nn.Gemma3_1B.config, vision_encoder=None)
-GEMMA3_4B = dataclasses.replace(gm.nn.Gemma3_4B.config, vision_encoder=None)
+GEMMA3_1B = models.model_config("gemma3-1b", vocab_size=0)
+GEMMA3_4B = models.model_config("gemma3-4b", vocab_size=0)
 GLOBAL_BATCH, SEQ_LEN = 128, 256
 
 

@@ -1,0 +1,210 @@
+"""The Gemma 3 text transformer and its LoRA adapters in flax.
+
+`Transformer.apply({"params": p}, tokens, positions, segment_ids, options=...)` gives the final
+hidden states [B, L, D] of packed rows; the loss head (trainer.loss) multiplies them by the tied
+embedding. A packed row holds several documents: `positions` restart at 0 in each, and a token sees
+only earlier tokens of its own segment (and, in a local layer, only the last `sliding_window_size`).
+
+`options.attention` picks how: "dense" builds that [B, L, L] mask (CPU, and any length); "splash" runs
+Pallas' splash attention kernel, which reads the segment ids and the window as block-sparse masks so
+no [L, L] tensor exists (trainer.layers). `options.remat` rematerialises each block.
+
+LoRA (`lora_rank`): every projection weight W of a block gets factors A (W's input axes, rank) and
+B (rank, W's output axes), B starting at zero, in the tree places gemma's `gm.nn.LoRA` gives them.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from trainer import layers
+from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config
+
+MASKED = -2.3819763e38  # a masked attention logit (gemma's value: its exp underflows in bfloat16 too)
+
+
+def lora_factors(equation: str, weight_shape: tuple[int, ...], rank: int) -> tuple[str, tuple, tuple]:
+    """For a projection `inputs,weights->outputs`: (the equation with A and B for the weight, A's
+    shape, B's shape). A keeps the weight axes the input has, B those only the output has, each in
+    the weight's order."""
+    inputs, rest = equation.replace(" ", "").split(",")
+    weights, outputs = rest.split("->")
+    a_axes = "".join(axis for axis in weights if axis in inputs)
+    b_axes = "".join(axis for axis in weights if axis in outputs and axis not in inputs)
+    rank_axis = "r" if "r" not in equation else min(set(string.ascii_letters) - set(equation))
+    size = dict(zip(weights, weight_shape)) | {rank_axis: rank}
+    lora_equation = f"{inputs},{a_axes}{rank_axis},{rank_axis}{b_axes}->{outputs}"
+    return lora_equation, tuple(size[axis] for axis in a_axes + rank_axis), tuple(size[axis] for axis in rank_axis + b_axes)
+
+
+class _Factors(nn.Module):
+    rank: int
+    equation: str
+    weight_shape: tuple[int, ...]
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        equation, a_shape, b_shape = lora_factors(self.equation, self.weight_shape, self.rank)
+        a = self.param("a", nn.initializers.kaiming_uniform(), a_shape, self.dtype)
+        b = self.param("b", nn.initializers.zeros_init(), b_shape, self.dtype)
+        return jnp.einsum(equation, x, a, b)
+
+
+class _Adapter(nn.Module):
+    """The scope gemma's LoRA wrapper gives the factors: <adapter name>/lora/{a, b}."""
+
+    rank: int
+    equation: str
+    weight_shape: tuple[int, ...]
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        return _Factors(self.rank, self.equation, self.weight_shape, self.dtype, name="lora")(x)
+
+
+def _project(module: nn.Module, weight_name: str, adapter_name: str, shape: tuple[int, ...], equation: str, x):
+    """x times `module`'s weight `weight_name` (plus its LoRA adapter), inside `module`'s compact call."""
+    weight = module.param(weight_name, nn.initializers.normal(), shape, module.dtype)
+    out = jnp.einsum(equation, x, weight)
+    if module.lora_rank:
+        out = out + _Adapter(module.lora_rank, equation, shape, module.dtype, name=adapter_name)(x)
+    return out
+
+
+class Einsum(nn.Module):
+    """A projection whose weight is `w` in its own scope (the attention's)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    lora_rank: int = 0
+
+    @nn.compact
+    def __call__(self, equation: str, x):
+        return _project(self, "w", "_LoRAEinsum_0", self.shape, equation, x)
+
+
+class RMSNorm(nn.Module):
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],), self.dtype)
+        normed = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + RMS_EPSILON)
+        return normed * (1 + scale)
+
+
+def rope(x, positions, *, base_frequency: int, scale_factor: float):
+    """Rotary embedding of x [B, L, N, H] at `positions` [B, L] (the halves of H rotate together)."""
+    half = x.shape[-1] // 2
+    timescale = base_frequency ** (2.0 * jnp.arange(half, dtype=jnp.float32) / x.shape[-1])
+    angle = positions[..., None, None] / timescale / scale_factor
+    sin, cos = jnp.sin(angle), jnp.cos(angle)
+    first, second = x[..., :half], x[..., half:]
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
+
+
+def dense_attention(query, key, value, positions, segment_ids, *, window: int | None):
+    """query [B, L, N, H] (already scaled), key/value [B, L, K, H] -> [B, L, N, H], through the [B, L, L]
+    mask of packed rows (same segment, causal, and within `window` positions for a local layer)."""
+    batch, length, heads, head_dim = query.shape
+    kv_heads = key.shape[2]
+    mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tril(jnp.ones((length, length), bool))
+    if window is not None:
+        mask &= positions[:, None, :] > positions[:, :, None] - window
+    grouped = query.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
+    logits = jnp.einsum("BTKGH,BSKH->BTKGS", grouped, key)
+    logits = jnp.where(mask[:, :, None, None, :], logits, MASKED)
+    probs = jax.nn.softmax(logits, axis=-1).astype(key.dtype)
+    return jnp.einsum("BTKGS,BSKH->BTKGH", probs, value).reshape(batch, length, heads, head_dim)
+
+
+class Embedder(nn.Module):
+    """The token embedding, scaled by sqrt(embed_dim); the loss head decodes with the same table."""
+
+    vocab_size: int
+    embed_dim: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, tokens):
+        table = self.param("input_embedding", nn.initializers.normal(), (self.vocab_size, self.embed_dim), self.dtype)
+        x = table[tokens]
+        return x * jnp.sqrt(self.embed_dim).astype(x.dtype)
+
+
+class _Module(nn.Module):
+    config: Gemma3Config
+    dtype: Any
+    lora_rank: int = 0
+
+
+class SelfAttention(_Module):
+    kind: Attention = Attention.GLOBAL
+    options: layers.LayerOptions = layers.LayerOptions()
+
+    @nn.compact
+    def __call__(self, x, positions, segment_ids):
+        c, dtype, rank = self.config, self.dtype, self.lora_rank
+        query = Einsum((c.num_heads, c.embed_dim, c.head_dim), dtype, rank, name="q_einsum")("BTD,NDH->BTNH", x)
+        key, value = Einsum((2, c.num_kv_heads, c.embed_dim, c.head_dim), dtype, rank, name="kv_einsum")("BSD,CKDH->CBSKH", x)
+        query, key = RMSNorm(dtype, name="_query_norm")(query), RMSNorm(dtype, name="_key_norm")(key)
+        base_frequency, scale_factor = c.rope(self.kind)
+        query = rope(query, positions, base_frequency=base_frequency, scale_factor=scale_factor) * c.query_pre_attn_scalar**-0.5
+        key = rope(key, positions, base_frequency=base_frequency, scale_factor=scale_factor)
+        window = c.sliding_window_size if self.kind is Attention.LOCAL else None
+        if self.options.attention == "splash":
+            encoded = layers.packed_splash_attention(self.options, query, key, value, segment_ids, window=window)
+        else:
+            encoded = dense_attention(query, key, value, positions, segment_ids, window=window)
+        return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, name="attn_vec_einsum")("BTNH,NHD->BTD", encoded)
+
+
+class FeedForward(_Module):
+    """Gated GELU (tanh approximation); both weights sit in this scope, as gemma's do."""
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.config
+        gate = _project(self, "gating_einsum", "_LoRAEinsum_gating_einsum", (2, c.hidden_dim, c.embed_dim), "...F,NHF->...NH", x)
+        hidden = nn.gelu(gate[..., 0, :]) * gate[..., 1, :]
+        return _project(self, "linear", "_LoRAEinsum_linear", (c.hidden_dim, c.embed_dim), "...H,HF->...F", hidden)
+
+
+class Block(_Module):
+    kind: Attention = Attention.GLOBAL
+    options: layers.LayerOptions = layers.LayerOptions()
+
+    @nn.compact
+    def __call__(self, x, positions, segment_ids):
+        common = dict(config=self.config, dtype=self.dtype, lora_rank=self.lora_rank)
+        attended = SelfAttention(**common, kind=self.kind, options=self.options, name="attn")(
+            RMSNorm(self.dtype, name="pre_attention_norm")(x), positions, segment_ids)
+        x = x + RMSNorm(self.dtype, name="post_attention_norm")(attended)
+        fed = FeedForward(**common, name="mlp")(RMSNorm(self.dtype, name="pre_ffw_norm")(x))
+        return x + RMSNorm(self.dtype, name="post_ffw_norm")(fed)
+
+
+class Transformer(_Module):
+    """Token ids [B, L] -> final hidden states [B, L, D]. `dtype` is the parameters' (and so the
+    computation's) dtype."""
+
+    @nn.compact
+    def __call__(self, tokens, positions=None, segment_ids=None, *, options: layers.LayerOptions = layers.LayerOptions()):
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+        if segment_ids is None:
+            segment_ids = jnp.ones_like(tokens)
+        x = Embedder(self.config.num_embed, self.config.embed_dim, self.dtype, name="embedder")(tokens)
+        policy = layers.REMAT_POLICIES[options.remat]
+        block = nn.remat(Block, policy=policy) if policy else Block
+        for i, kind in enumerate(self.config.attention_types):
+            x = block(config=self.config, dtype=self.dtype, lora_rank=self.lora_rank, kind=kind, options=options,
+                      name=f"layer_{i}")(x, positions, segment_ids)
+        return RMSNorm(self.dtype, name="final_norm")(x)

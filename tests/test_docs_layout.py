@@ -24,7 +24,7 @@ def documented_modules() -> set[str]:
         if line and not line.startswith(" "):
             package = ""
         for word in line.split():
-            if not re.fullmatch(r"([a-z_]+/)?[a-z_]+\.py", word) or ("/" in word and not package):
+            if not re.fullmatch(r"([a-z0-9_]+/)?[a-z0-9_]+\.py", word) or ("/" in word and not package):
                 break
             found.add(package + word)
     return found

@@ -13,12 +13,9 @@ def main(argv=None) -> int | None:
     from trainer.config import parse_config
 
     config = parse_config(argv)
-    # TensorFlow (gemma imports it through kauldron, and runs none of our computation) logs C++ notices to
-    # stderr at import: below warnings the level hides them, except the oneDNN notice, which it prints
-    # regardless unless oneDNN's TensorFlow ops are off.
+    # XLA's C++ logging (jaxlib's TSL, libtpu) prints start-up notices below warnings to stderr: hidden.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    import jax  # JAX and gemma load only once the flags are known to be good
+    import jax  # JAX loads only once the flags are known to be good
 
     from trainer import loop
 

@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     add = parser.add_argument
     add("--model", choices=model_names(), help=f"model to fine-tune (default {d.model})")
-    add("--weights", help=f"initial weights: official (the gemma package's checkpoint for the model), random, or a checkpoint path readable by gm.ckpts.load_params (default {d.weights})")
+    add("--weights", help=f"initial weights: official (Google's pre-trained checkpoint of the model), random, or a path of Gemma parameters as gm.ckpts.save_params and this trainer's export write them (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
     add("--data", help="a raw file, prepared once into WORKDIR/data_cache: text (documents separated by <|endoftext|>), JSON Lines "
         "(.jsonl) or Parquet (.parquet) of text, chat (messages) or prompt/response rows; or a directory made by python -m trainer.data.prepare")

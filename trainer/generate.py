@@ -128,7 +128,6 @@ def main(argv=None) -> int | None:
     workdir = pathlib.Path(args.run)
     run = read_run_config(workdir)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     from trainer import mesh, sampling
 
     mesh.require_requested_platform()

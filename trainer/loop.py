@@ -330,7 +330,7 @@ class _StepLoop:
 
 
 def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer) -> None:
-    """WORKDIR/export/params: a plain Gemma tree for gm.ckpts.load_params (LoRA merged in);
+    """WORKDIR/export/params: a plain Gemma tree (trainer.params_io; gemma's gm.ckpts.load_params reads it too) (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
     Hugging Face directory (bfloat16) that serving stacks load. A failed HF export only warns: the
     weights are safe in export/params, and `python -m trainer.hf.export` writes it again."""

@@ -142,7 +142,7 @@ def test_every_step_names_its_batch_and_the_batches_differ(reference):
     assert len(set(batches)) == STEPS
 
 
-def test_a_run_prints_no_tensorflow_notices(reference):
+def test_a_run_prints_no_native_start_up_notices(reference):
     stderr = (reference.parent / "reference.stderr").read_text()
     assert "oneDNN" not in stderr and "absl::InitializeLog" not in stderr, stderr
 

@@ -157,7 +157,7 @@ def load_tokenizer(path) -> Tokenizer:
     try:
         found = file.is_file()
         model_bytes = file.read_bytes() if found else b""
-    except Exception as error:  # a gs:// path reads through tf.io.gfile, whose errors are no OSErrors
+    except Exception as error:  # a gs:// path reads through gcsfs, whose errors (auth, HTTP) are no OSErrors
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"tokenizer {path}: cannot read it ({reason}); check the network and Google Cloud credentials "
                         "(gcloud auth application-default login), or pass a local SentencePiece .model file") from None

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece as spm
-from gemma import gm
 from safetensors.numpy import load_file, save_file
 
 from trainer import contract, loop, models
@@ -42,11 +41,12 @@ def train(workdir, prepared_dir, tokenizer_path, *extra):
 
 
 def jax_logits(model_config, params, tokens, *, lora_rank=0):
+    """Each row one document from position 0, decoded with the tied embedding (and the final softcap)."""
     model = models.build_model(model_config, dtype=jnp.float32, lora_rank=lora_rank)
-    rows, length = tokens.shape
-    out = model.apply({"params": params}, jnp.asarray(tokens), positions=jnp.broadcast_to(jnp.arange(length), tokens.shape),
-                      attention_mask=jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (rows, length, length)))
-    return np.asarray(out.logits)
+    hidden = model.apply({"params": params}, jnp.asarray(tokens))
+    logits = jnp.einsum("bld,vd->blv", hidden, params["embedder"]["input_embedding"])
+    cap = model_config.final_logit_softcap
+    return np.asarray(logits if cap is None else jnp.tanh(logits / cap) * cap)
 
 
 def random_tokens(vocab, length, seed=0):

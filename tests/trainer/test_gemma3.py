@@ -66,8 +66,7 @@ def packed_batch(vocab, *, rows=2, length=64):
             "segment_ids": jnp.asarray(np.tile(segment_ids, (rows, 1))), "positions": jnp.asarray(np.tile(positions, (rows, 1)))}
 
 
-@pytest.mark.parametrize("config, lora_rank", [(gemma3_config.tiny(96), 0), (rich_config(), 0), (rich_config(), 4)],
-                         ids=["tiny", "rich", "rich-lora"])
+@pytest.mark.parametrize("config, lora_rank", [(gemma3_config.tiny(96), 0), (rich_config(), 4)], ids=["tiny", "rich-lora"])
 def test_hidden_states_equal_gemmas_for_the_same_weights(config, lora_rank):
     theirs = gemma_model(config, lora_rank)
     batch = packed_batch(config.num_embed)

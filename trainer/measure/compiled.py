@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from trainer import hbm, mesh, models, precision, step, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer.measure import collectives, flops, hardware
+from trainer.measure import collectives, flops, hardware, hbm_traffic
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
@@ -79,6 +79,7 @@ class CompiledStep:
     bytes_loop_correction: float
     bytes_kernels: float
     ici_bytes: int  # what the program's collectives move per chip (trainer.measure.collectives)
+    bytes_by_source: dict[str, int]  # HBM bytes per chip by the JAX operation they come from (trainer.measure.hbm_traffic)
     fingerprint: str  # of the lowered program: equal to the one the run records in config.json
     dense_attention_mask: bool  # an [..., L, L] tensor in the optimized program
 
@@ -141,7 +142,8 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
         generated_code=memory.generated_code_size_in_bytes, bytes_per_chip=hbm.needed_bytes(compiled),
         flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops, flops_kernels=attention_flops,
         bytes_reported=float(cost.get("bytes accessed", 0.0)), bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
-        ici_bytes=collectives.collective_bytes(hlo), fingerprint=step.step_fingerprint(lowered),
+        ici_bytes=collectives.collective_bytes(hlo), bytes_by_source=hbm_traffic.by_source(hlo),
+        fingerprint=step.step_fingerprint(lowered),
         dense_attention_mask=_has_square_mask(hlo, config.seq_len),
     )
 
@@ -201,6 +203,7 @@ class Fit:
             "flops_per_chip_per_step": compiled.flops_per_chip, "flops_reported_by_compiler": compiled.flops_reported,
             "flops_loop_correction": compiled.flops_loop_correction, "flops_attention_kernels": compiled.flops_kernels, "model_flops_per_chip_per_step": model_flops / compiled.chips,
             "bytes_accessed_per_chip": compiled.bytes_accessed, "bytes_reported_by_compiler": compiled.bytes_reported,
+            "bytes_by_source_per_chip": compiled.bytes_by_source,
             "ici_bytes_per_chip": compiled.ici_bytes, "step_time_bound_s": bound_s, "bound_by": bound_by,
             "mfu_bound": model_flops / compiled.chips / chip.peak_bf16_flops / bound_s,
             "fits": compiled.bytes_per_chip <= self.usable_hbm,

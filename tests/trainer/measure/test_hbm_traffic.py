@@ -1,0 +1,46 @@
+"""trainer.measure.hbm_traffic on a hand-written optimized program: what runs counts as often as it runs,
+a fusion by its operands and result only, an asynchronous pair once."""
+
+from trainer.measure import hbm_traffic
+
+PROGRAM = """HloModule step
+
+%fused_body (param_0: f32[1024]) -> f32[1024] {
+  %param_0 = f32[1024]{0} parameter(0)
+  ROOT %multiply.9 = f32[1024]{0} multiply(%param_0, %param_0)
+}
+
+%loop_body (state: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %state = (s32[], f32[1024]{0}) parameter(0)
+  %x = f32[1024]{0} get-tuple-element(%state), index=1
+  %i = s32[] get-tuple-element(%state), index=0
+  %fusion.1 = f32[1024]{0:T(1024)} fusion(%x), kind=kLoop, calls=%fused_body, metadata={op_name="jit(train)/transpose(jvp(Transformer))/layer_3/mlp/mul"}
+  ROOT %tuple.1 = (s32[], f32[1024]{0}) tuple(%i, %fusion.1)
+}
+
+%loop_condition (state: (s32[], f32[1024])) -> pred[] {
+  %state = (s32[], f32[1024]{0}) parameter(0)
+  ROOT %constant.1 = pred[] constant(true)
+}
+
+ENTRY %main (p0: f32[1024], p1: bf16[256,256]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0), metadata={op_name="state"}
+  %p1 = bf16[256,256]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[1024]{0}) tuple(%zero, %p0)
+  %while.1 = (s32[], f32[1024]{0}) while(%init), condition=%loop_condition, body=%loop_body, backend_config={"known_trip_count":{"n":"3"}}
+  %copy-start.1 = (bf16[256,256]{1,0}, bf16[256,256]{1,0}, u32[]) copy-start(%p1)
+  %copy-done.1 = bf16[256,256]{1,0} copy-done(%copy-start.1), metadata={op_name="jit(train)/jvp(Transformer)/layer_0/attn/copy"}
+  ROOT %out = f32[1024]{0} get-tuple-element(%while.1), index=1
+}
+"""
+
+
+def test_a_loop_body_counts_per_iteration_and_an_async_pair_once():
+    moved = {instruction.name: size for instruction, size in hbm_traffic.traffic(PROGRAM)}
+    # The fusion reads and writes 4 KiB per iteration, three iterations; its fused multiply is not seen.
+    assert moved == {"fusion.1": 3 * 2 * 4096, "copy-done.1": 2 * 256 * 256 * 2}
+
+
+def test_bytes_are_named_by_layer_module_and_direction():
+    assert hbm_traffic.by_source(PROGRAM) == {"backward mlp": 3 * 2 * 4096, "forward attn": 2 * 256 * 256 * 2}

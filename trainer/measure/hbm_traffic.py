@@ -1,0 +1,144 @@
+"""Where a compiled program's HBM bytes go, read from its optimized HLO text.
+
+The compiler's cost analysis gives one figure for the bytes a step moves; the roofline says whether
+they bind it. To know what to change, this splits them by instruction: every instruction that runs
+(the entry computation's, and each loop body's times its known trip count) counts the bytes of its
+operands and its result, as the cost analysis counts them; a fusion's internals stay on chip, so a
+fusion counts only its own operands and result. An asynchronous pair counts once, at its -done (with
+the -start's operands). Each instruction is named by the JAX operation it came from (its metadata
+op_name): the layer's module (attn, mlp, a norm), forward or backward, or the loss head and the
+optimizer outside the model. Reading an operand in part (a dynamic slice inside a fusion) is
+counted whole, so the split is an upper bound per instruction; its total beside the cost analysis's
+says how much that matters.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+from trainer.measure.collectives import _array_bytes
+
+_HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+) = ")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
+_LAYER = re.compile(r"/layer_\d+/(?P<module>[\w]+)")
+# Instructions that move no bytes of their own: values passed around, or computations counted where they run.
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional", "after-all",
+         "partition-id", "replica-id", "opt-barrier", "iota"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    name: str
+    op: str
+    result: str  # its shape text
+    operands: tuple[str, ...]
+    attributes: str
+
+
+def _closing(text: str, start: int) -> int:
+    """The index just past the parenthesis that closes the one at `start`."""
+    depth = 0
+    for index in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[index], 0)
+        if depth == 0:
+            return index + 1
+    raise ValueError(f"unbalanced parentheses: {text[start:start + 80]}")
+
+
+def _instruction(line: str) -> Instruction | None:
+    match = _DEFINITION.match(line)
+    if match is None:
+        return None
+    rest = line[match.end():]
+    if rest.startswith("("):  # a tuple's shape
+        end = _closing(rest, 0)
+        result, rest = rest[:end], rest[end:].lstrip()
+    else:
+        result, _, rest = rest.partition(" ")
+    op, paren, _ = rest.partition("(")
+    if not paren:
+        return None
+    end = _closing(rest, len(op))
+    return Instruction(match["name"], op, result, tuple(_OPERAND.findall(rest[len(op):end])), rest[end:])
+
+
+def parse(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
+    """(computation name -> its instructions, the entry computation's name)."""
+    computations, entry, current = {}, "", None
+    for line in hlo.splitlines():
+        if current is None:
+            if header := _HEADER.match(line):
+                current = computations.setdefault(header["name"], [])
+                entry = header["name"] if header["entry"] else entry
+        elif line.strip() == "}":
+            current = None
+        elif instruction := _instruction(line):
+            current.append(instruction)
+    return computations, entry
+
+
+def _called(instruction: Instruction, name: str) -> str | None:
+    match = re.search(rf"\b{name}=%([\w.\-]+)", instruction.attributes)
+    return match[1] if match else None
+
+
+def _runs(computations: dict[str, list[Instruction]], entry: str):
+    """(instruction, times it runs per step) for every instruction of the computations that run."""
+    pending = [(entry, 1)]
+    while pending:
+        name, times = pending.pop()
+        for instruction in computations.get(name, ()):
+            if instruction.op == "while":
+                trips = _TRIP_COUNT.search(instruction.attributes)
+                pending += [(_called(instruction, "body"), times * (int(trips[1]) if trips else 1))]
+            elif instruction.op == "call":
+                pending += [(_called(instruction, "to_apply"), times)]
+            yield instruction, times
+
+
+def source(instruction: Instruction) -> str:
+    """What JAX operation the instruction came from: "forward mlp", "backward attn", "optimizer", ..."""
+    match = _OP_NAME.search(instruction.attributes)
+    op_name = match["op_name"] if match else ""
+    direction = "backward" if "transpose(" in op_name else "forward"
+    if layer := _LAYER.search(op_name):
+        return f"{direction} {layer['module']}"
+    if "Transformer" in op_name:
+        return f"{direction} embedding and final norm"
+    if "jvp(" in op_name or "transpose(" in op_name:
+        return f"{direction} loss head"
+    return "optimizer and the rest"
+
+
+def traffic(hlo: str) -> list[tuple[Instruction, int]]:
+    """(instruction, HBM bytes it moves per step) for each instruction that moves any."""
+    computations, entry = parse(hlo)
+    by_name = {instruction.name: instruction for body in computations.values() for instruction in body}
+
+    def operand_bytes(instruction: Instruction) -> int:
+        return sum(_array_bytes(by_name[name].result) for name in instruction.operands if name in by_name
+                   and not by_name[name].result.startswith("("))
+
+    moved = []
+    for instruction, times in _runs(computations, entry):
+        if instruction.op in _FREE or instruction.op.endswith("-start"):
+            continue
+        operands = operand_bytes(instruction)
+        if instruction.op.endswith("-done"):
+            starts = [by_name[name] for name in instruction.operands if name in by_name]
+            operands = sum(operand_bytes(start) for start in starts)
+        moved.append((instruction, times * (operands + _array_bytes(instruction.result))))
+    return moved
+
+
+def by_source(hlo: str) -> dict[str, int]:
+    """Bytes per step by source(), largest first."""
+    totals = collections.Counter()
+    for instruction, size in traffic(hlo):
+        totals[source(instruction)] += size
+    return dict(totals.most_common())

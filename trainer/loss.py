@@ -17,14 +17,6 @@ MAX_LOGITS_ELEMENTS = 2**26
 VOCAB_CHUNK = 16_384
 
 
-def packed_attention_mask(segment_ids: jax.Array) -> jax.Array:
-    """[B, L] segment ids -> [B, L, L] bool: query i sees key j <= i of the same segment."""
-    length = segment_ids.shape[-1]
-    same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
-    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-    return same_segment & causal
-
-
 def hidden_states(model, params, batch, layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> jax.Array:
     """Final hidden states [B, L, D] of packed rows (trainer.gemma3.model)."""
     return model.apply({"params": params}, batch["input_tokens"], batch["positions"], batch["segment_ids"], options=layers)

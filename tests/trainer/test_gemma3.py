@@ -17,6 +17,7 @@ import trainer
 from bench.baseline import gemma_config
 from trainer import loss, models
 from trainer.gemma3 import config as gemma3_config
+from trainer.gemma3.model import packed_mask
 
 GEMMA_CLASSES = {"gemma3-270m": "Gemma3_270M", "gemma3-1b": "Gemma3_1B", "gemma3-4b": "Gemma3_4B", "gemma3-12b": "Gemma3_12B",
                  "gemma3-27b": "Gemma3_27B"}
@@ -75,7 +76,7 @@ def test_hidden_states_equal_gemmas_for_the_same_weights(config, lora_rank):
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
     params = jax.tree.unflatten(tree, [leaf + 0.05 * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)])
-    mask = loss.packed_attention_mask(batch["segment_ids"])
+    mask = packed_mask(batch["segment_ids"])
     want = theirs.apply({"params": params}, batch["input_tokens"], positions=batch["positions"], attention_mask=mask,
                         return_hidden_states=True).hidden_states
     got = loss.hidden_states(models.build_model(config, dtype=jnp.float32, lora_rank=lora_rank), params, batch)

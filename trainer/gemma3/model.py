@@ -107,12 +107,18 @@ def rope(x, positions, *, base_frequency: int, scale_factor: float):
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
 
 
+def packed_mask(segment_ids):
+    """[B, L] segment ids -> [B, L, L] bool: query i sees key j <= i of the same segment."""
+    length = segment_ids.shape[-1]
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tril(jnp.ones((length, length), bool))
+
+
 def dense_attention(query, key, value, positions, segment_ids, *, window: int | None):
     """query [B, L, N, H] (already scaled), key/value [B, L, K, H] -> [B, L, N, H], through the [B, L, L]
     mask of packed rows (same segment, causal, and within `window` positions for a local layer)."""
     batch, length, heads, head_dim = query.shape
     kv_heads = key.shape[2]
-    mask = (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tril(jnp.ones((length, length), bool))
+    mask = packed_mask(segment_ids)
     if window is not None:
         mask &= positions[:, None, :] > positions[:, :, None] - window
     grouped = query.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)

@@ -7,9 +7,9 @@ operands and its result, as the cost analysis counts them; a fusion's internals 
 fusion counts only its own operands and result. An asynchronous pair counts once, at its -done (with
 the -start's operands). Each instruction is named by the JAX operation it came from (its metadata
 op_name): the layer's module (attn, mlp, a norm), forward or backward, or the loss head and the
-optimizer outside the model. Reading an operand in part (a dynamic slice inside a fusion) is
-counted whole, so the split is an upper bound per instruction; its total beside the cost analysis's
-says how much that matters.
+optimizer outside the model; what XLA adds itself (copies, collectives) carries no name. Reading an
+operand in part (a dynamic slice inside a fusion) is counted whole, and tile padding not at all, so
+the split's total beside the cost analysis's says how much that matters.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
 _LAYER = re.compile(r"/layer_\d+/(?P<module>[\w]+)")
 # Instructions that move no bytes of their own: values passed around, or computations counted where they run.
+UNNAMED = "no source (XLA's own copies and collectives)"
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional", "after-all",
          "partition-id", "replica-id", "opt-barrier", "iota"}
 
@@ -104,7 +105,9 @@ def _runs(computations: dict[str, list[Instruction]], entry: str):
 def source(instruction: Instruction) -> str:
     """What JAX operation the instruction came from: "forward mlp", "backward attn", "optimizer", ..."""
     match = _OP_NAME.search(instruction.attributes)
-    op_name = match["op_name"] if match else ""
+    if match is None or not match["op_name"]:
+        return UNNAMED
+    op_name = match["op_name"]
     direction = "backward" if "transpose(" in op_name else "forward"
     if layer := _LAYER.search(op_name):
         return f"{direction} {layer['module']}"
@@ -112,7 +115,7 @@ def source(instruction: Instruction) -> str:
         return f"{direction} embedding and final norm"
     if "jvp(" in op_name or "transpose(" in op_name:
         return f"{direction} loss head"
-    return "optimizer and the rest"
+    return "optimizer"
 
 
 def traffic(hlo: str) -> list[tuple[Instruction, int]]:

@@ -22,6 +22,7 @@ from jax.experimental import multihost_utils
 
 from trainer import params_io, shared_files
 from trainer.errors import UserError
+from trainer.params_io import absolute_path
 
 # What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
 # mismatch or damaged tensor data (ValueError), a missing item (KeyError), a missing file (OSError).
@@ -56,11 +57,6 @@ def _everywhere(ok: bool) -> bool:
     if jax.process_count() == 1:
         return ok
     return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
-def absolute_path(path: str | pathlib.Path) -> epath.Path:
-    """Orbax wants absolute paths; a URL (gs://...) already is one."""
-    return epath.Path(path if "://" in str(path) else os.path.abspath(path))
 
 
 class Checkpointer:

@@ -13,15 +13,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trainer import checkpoint, params_io
+from trainer import params_io
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
 from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
 from trainer.gemma3.config import Gemma3Config
-from trainer.gemma3.model import Transformer
+from trainer.gemma3.model import LORA, Transformer
 
 Params = dict[str, Any]
-LORA = "lora"  # the key of every adapter's factors in the params tree
 
 
 def model_config(name: str, *, vocab_size: int) -> Gemma3Config:
@@ -92,7 +91,7 @@ def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | No
     vocabulary before training starts.
     """
     try:
-        params = params_io.load_params(str(checkpoint.absolute_path(path)), sharding=out_shardings)
+        params = params_io.load_params(path, sharding=out_shardings)
     except FileNotFoundError:
         raise UserError(f"{flag} {path}: no checkpoint there (expected Gemma parameters, as gm.ckpts.save_params "
                         "and `python -m trainer` exports write them)") from None

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 # The pre-trained Gemma 3 checkpoints by our model names (gm.ckpts.CheckpointPath.GEMMA3_*_PT).
 OFFICIAL_CHECKPOINTS = {f"gemma3-{size}": f"gs://gemma-data/checkpoints/gemma3-{size}-pt" for size in ("270m", "1b", "4b", "12b", "27b")}
@@ -36,10 +37,9 @@ Params = dict[str, Any]
 KeyPath = tuple[str, ...]
 
 
-def _absolute(path) -> str:
+def absolute_path(path) -> epath.Path:
     """Orbax wants absolute paths; a URL (gs://...) already is one."""
-    path = os.fspath(path)
-    return path if "://" in path else os.path.abspath(path)
+    return epath.Path(path if "://" in str(path) else os.path.abspath(path))
 
 
 def _leaves(tree: dict, prefix: KeyPath = ()):
@@ -88,7 +88,7 @@ def load_params(path, *, sharding: Callable | jax.sharding.Sharding | None = Non
     Raises FileNotFoundError when `path` holds no Orbax checkpoint, ValueError for a layout this
     module does not read.
     """
-    path = _absolute(path)
+    path = absolute_path(path)
     checkpointer = ocp.PyTreeCheckpointer()
     metadata = checkpointer.metadata(path).item_metadata
     if metadata is None:
@@ -138,5 +138,5 @@ def save_params(params: Params, path) -> None:
     and returns once the write is complete. Every process of the job calls it (Orbax saves
     collectively; each process writes its shards)."""
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(_absolute(path), params)
+        checkpointer.save(absolute_path(path), params)
         checkpointer.wait_until_finished()

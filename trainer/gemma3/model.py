@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from trainer import layers
 from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config
 
+LORA = "lora"  # the scope of an adapter's factors, as gemma names it
 MASKED = -2.3819763e38  # a masked attention logit (gemma's value: its exp underflows in bfloat16 too)
 
 
@@ -63,7 +64,7 @@ class _Adapter(_LoRA):
 
     @nn.compact
     def __call__(self, x):
-        return _Factors(self.rank, self.equation, self.weight_shape, self.dtype, name="lora")(x)
+        return _Factors(self.rank, self.equation, self.weight_shape, self.dtype, name=LORA)(x)
 
 
 def _project(module: nn.Module, weight_name: str, adapter_name: str, shape: tuple[int, ...], equation: str, x):

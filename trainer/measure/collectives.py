@@ -22,7 +22,7 @@ _MESH_GROUP = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\]\s*\{(?P<over>
 _LIST_GROUP = re.compile(r"replica_groups=\{\{(?P<first>[\d,]*)\}")
 
 
-def _array_bytes(shapes: str) -> int:
+def array_bytes(shapes: str) -> int:
     return sum(_ITEMSIZE[m["dtype"]] * math.prod(int(d) for d in m["dims"].split(",") if d) for m in _ARRAY.finditer(shapes))
 
 
@@ -43,7 +43,7 @@ def collective_bytes(hlo: str) -> int:
         match = _INSTRUCTION.search(line)
         if match is None or match["phase"] == "-start":
             continue
-        size = _array_bytes(match["shapes"])
+        size = array_bytes(match["shapes"])
         if match["op"] == "reduce-scatter":
             size *= _group_size(match["rest"])
         elif match["op"] == "all-reduce":

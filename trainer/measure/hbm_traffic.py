@@ -18,7 +18,7 @@ import collections
 import dataclasses
 import re
 
-from trainer.measure.collectives import _array_bytes
+from trainer.measure.collectives import array_bytes
 
 _HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+) = ")
@@ -124,7 +124,7 @@ def traffic(hlo: str) -> list[tuple[Instruction, int]]:
     by_name = {instruction.name: instruction for body in computations.values() for instruction in body}
 
     def operand_bytes(instruction: Instruction) -> int:
-        return sum(_array_bytes(by_name[name].result) for name in instruction.operands if name in by_name
+        return sum(array_bytes(by_name[name].result) for name in instruction.operands if name in by_name
                    and not by_name[name].result.startswith("("))
 
     moved = []
@@ -135,7 +135,7 @@ def traffic(hlo: str) -> list[tuple[Instruction, int]]:
         if instruction.op.endswith("-done"):
             starts = [by_name[name] for name in instruction.operands if name in by_name]
             operands = sum(operand_bytes(start) for start in starts)
-        moved.append((instruction, times * (operands + _array_bytes(instruction.result))))
+        moved.append((instruction, times * (operands + array_bytes(instruction.result))))
     return moved
 
 

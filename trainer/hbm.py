@@ -9,6 +9,7 @@ naming both figures), but compiles one whose arguments, outputs and temporaries 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import jax
@@ -78,6 +79,25 @@ def needed_bytes(compiled) -> int:
     memory = compiled.memory_analysis()
     return (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
             - memory.alias_size_in_bytes + memory.generated_code_size_in_bytes)
+
+
+def argument_bytes_per_chip(arguments) -> int:
+    """What a program's arguments (arrays or shapes with shardings) take on the chip holding most of
+    them, known before compiling: the compiler's `argument_size_in_bytes` less its padding of small
+    arrays to the TPU's tiles, so never more than the compiler counts."""
+    per_device: dict = {}
+    for leaf in jax.tree.leaves(arguments):
+        shard_bytes = math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+        for device in leaf.sharding.device_set:
+            per_device[device] = per_device.get(device, 0) + shard_bytes
+    return max(per_device.values(), default=0)
+
+
+def arguments_refusal(arguments, devices) -> MemoryRefusal | None:
+    """The refusal no compile needs to make: arguments that alone exceed the usable HBM (a training state
+    too large for its chips), which no rematerialisation or loss head can change."""
+    needed, usable = argument_bytes_per_chip(arguments), usable_hbm_bytes(devices)
+    return MemoryRefusal("arguments (training state, frozen weights, batch)", needed, usable) if needed > usable else None
 
 
 def whole_program_refusal(compiled, devices) -> MemoryRefusal | None:

@@ -226,9 +226,12 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
     the compiler fits in memory, with the fastest vocabulary chunk that fits beside it. On TPU a program
     fits when the whole of it does (trainer.hbm), not only its temporaries. A candidate whose head cannot
     free the bytes the last refusal was short of is not compiled. `train_args(run_step)` gives the train
-    step's arguments (arrays or shapes); the last refusal is raised (hbm.MemoryRefusal)."""
-    chunks = chunk_candidates(run_step, config, model_config)
+    step's arguments (arrays or shapes); the last refusal is raised (hbm.MemoryRefusal), at once when
+    the arguments alone cannot fit."""
     on_tpu = run_step.device_mesh.devices.flat[0].platform == "tpu"
+    if on_tpu and (refused := hbm.arguments_refusal(train_args(run_step), list(run_step.device_mesh.devices.flat))):
+        raise refused
+    chunks = chunk_candidates(run_step, config, model_config)
     refused = None
     for remat in remat_candidates(config.remat):
         short, tried = 0, None

@@ -5,9 +5,10 @@ compiles, and a topology the compiler does not know is one line."""
 import dataclasses
 import types
 
+import jax
 import pytest
 
-from trainer import hbm, models
+from trainer import hbm, models, step
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import compiled, flops
@@ -40,6 +41,11 @@ def test_the_tiny_step_compiles_for_v6e_with_its_figures(tiny_step, model_config
     state_bytes = 12 * flops.param_count(model_config)
     assert state_bytes <= tiny_step.arguments < state_bytes + 2**20
     assert tiny_step.aliased >= state_bytes * 0.99
+    # What the step's search checks before compiling (hbm.arguments_refusal) is the compiler's own figure
+    # less the padding of small arrays to the TPU's tiles (10 KiB here): a refusal on it is always right.
+    run_step, _ = compiled.lower_train_step(TINY, model_config, v6e_2x2, num_slices=1, total_steps=TINY.steps)
+    before_compiling = hbm.argument_bytes_per_chip(step.abstract_train_args(run_step, TINY, model_config))
+    assert before_compiling <= tiny_step.arguments < before_compiling * 1.01
     assert 0 < tiny_step.bytes_per_chip < hbm.usable_hbm_bytes(v6e_2x2)
     # The compiler's FLOPs against 6N + attention: the dense [L, L] attention also computes the masked
     # (future) half, and softmax, norms and the optimizer add element-wise work; measured 1.27x.
@@ -101,6 +107,20 @@ def test_a_batch_far_too_large_does_not_fit_and_says_by_how_much(v6e_2x2):
     assert report["fits"] is False and report["headroom_gib"] < 0 and report["refused_for"] == "HLO temporaries"
     assert report["compiled_bytes_per_chip"] > report["usable_hbm_bytes_per_chip"] == hbm.usable_hbm_bytes(v6e_2x2)
     assert 31 * GIB < report["usable_hbm_bytes_per_chip"] < 32 * GIB  # v6e: 32 GiB, of which the compiler lets 31.24 be used
+
+
+def test_a_state_too_large_for_its_chips_is_refused_without_compiling(monkeypatch):
+    """gemma3-12b full fine-tune on one v6e chip: its float32 weights and AdamW moments alone are over
+    100 GiB, which no rematerialisation or loss head changes, so the answer comes before any compile."""
+    one_chip = compiled.tpu_devices("v6e", "1x1")
+    hbm.usable_hbm_bytes(one_chip)  # asked of the compiler once, by a probe program
+    monkeypatch.setattr(jax.stages.Lowered, "compile", lambda *_: pytest.fail("compiled a step whose state cannot fit"))
+    config = TrainConfig(model="gemma3-12b", weights="random", batch_size=8, seq_len=256, mesh={"data": 1, "fsdp": 1})
+    report = compiled.fit(config, one_chip, search_batch=False).report()
+    state = 12 * flops.param_count(models.model_config("gemma3-12b", vocab_size=0))
+    assert report["fits"] is False and report["refused_for"].startswith("arguments")
+    assert state <= report["compiled_bytes_per_chip"] < state * 1.01
+    assert report["headroom_gib"] < -60
 
 
 def test_multislice_compiles_for_every_slice(model_config):

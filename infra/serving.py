@@ -10,13 +10,14 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.cluster import CLOUD_PLATFORM_SCOPE, NODE_IMAGE, GkeCluster, gke_metadata, image_streaming
+from infra.cluster import GkeCluster
 from infra.component import Component, service_account_member
 from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.identity import READ_ROLE, PodIdentity, TrainingIdentity
 from infra.metrics_adapter import MetricsAdapter
 from infra.storage import Buckets
+from infra.tpu_pools import scale_from_zero_pool
 
 
 
@@ -84,28 +85,11 @@ class ServingInfra(Component):
             lambda result: {found["name"] for found in result[1] or []} >= set(result[0]))  # output types are dicts
 
     def _pool(self, config: StackConfig, cluster: GkeCluster) -> gcp.container.NodePool:
-        """One single-host slice a replica, from zero nodes up to the most replicas there can be."""
+        """One single-host slice a replica, from zero nodes up to the most replicas there can be; the
+        vLLM image is large, and image streaming starts the server before all of it is there."""
         serving = config.serving
-        return gcp.container.NodePool(
-            SERVING_POOL,
-            gcp.container.NodePoolArgs(
-                name=SERVING_POOL,
-                cluster=cluster.cluster.name,
-                location=config.cluster_location,
-                node_locations=[config.zone],
-                initial_node_count=0,
-                autoscaling=gcp.container.NodePoolAutoscalingArgs(total_min_node_count=0, total_max_node_count=max(1, serving.max_replicas)),
-                management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
-                node_config=gcp.container.NodePoolNodeConfigArgs(
-                    machine_type=serving.slice.machine_type,
-                    image_type=NODE_IMAGE,
-                    gcfs_config=image_streaming(),  # the vLLM image is large: the server starts before all of it is there
-                    service_account=cluster.node_service_account.email,
-                    oauth_scopes=[CLOUD_PLATFORM_SCOPE],
-                    workload_metadata_config=gke_metadata(),
-                    spot=serving.capacity == "spot" or None,
-                    taints=[gcp.container.NodePoolNodeConfigTaintArgs(**SERVING_TAINT, effect="NO_SCHEDULE")],
-                ),
-            ),
+        return scale_from_zero_pool(
+            SERVING_POOL, config, cluster, machine_type=serving.slice.machine_type, max_nodes=max(1, serving.max_replicas),
+            spot=serving.capacity == "spot", taints=[gcp.container.NodePoolNodeConfigTaintArgs(**SERVING_TAINT, effect="NO_SCHEDULE")],
             opts=self.child(*cluster.ready),
-        )
+        )  # fmt: skip

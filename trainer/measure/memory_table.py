@@ -57,7 +57,7 @@ def compile_entry(model: str, lora_rank: int, topology: str, slices: int) -> dic
     devices = compiled.tpu_devices("v6e", topology, num_slices=slices)
     report = compiled.fit(config, devices, num_slices=slices, search_batch=False).report()
     return {"model": model, "lora_rank": lora_rank, "topology": topology, "slices": slices,
-            "compiled_gib": round(report["compiled_bytes_per_chip"] / _GIB, 2),
+            "compiled_gib": round(report["compiled_bytes_per_chip"] / _GIB, 2), "refused_for": report.get("refused_for"),
             "usable_gib": round(report["usable_hbm_bytes_per_chip"] / _GIB, 2), "fits": report["fits"],
             "remat": report.get("remat"), "attention": report.get("attention"), "vocab_chunk": report.get("vocab_chunk"),
             "step_fingerprint": report.get("step_fingerprint"), "formula_gib": formula_gib(model, lora_rank, topology, slices)}
@@ -70,10 +70,15 @@ def markdown(entries: list[dict]) -> str:
         chips = memory.Shape("v6e", e["topology"]).chips
         mode = f"LoRA r={e['lora_rank']}" if e["lora_rank"] else "full"
         shape = f"v6e {e['topology']}" + (f" x {e['slices']}" if e["slices"] > 1 else "")
-        fits = "yes" if e["fits"] else f"no (needs {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"
+        fits = "yes" if e["fits"] else f"no ({_needs(e)} {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"
         rows.append(f"| {e['model']} | {mode} | {shape} | {GLOBAL_BATCH // (chips * e['slices'])} | {e['compiled_gib']:.2f} | "
                     f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} | {_chunk(e)} |")
     return "\n".join(rows)
+
+
+def _needs(entry: dict) -> str:
+    """A refusal before compiling (trainer.hbm.arguments_refusal) counts the arguments alone."""
+    return "its state alone needs" if (entry.get("refused_for") or "").startswith("arguments") else "needs"
 
 
 def _chunk(entry: dict) -> str:

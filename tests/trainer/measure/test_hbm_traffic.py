@@ -44,3 +44,35 @@ def test_a_loop_body_counts_per_iteration_and_an_async_pair_once():
 
 def test_bytes_are_named_by_layer_module_and_direction():
     assert hbm_traffic.by_source(PROGRAM) == {"backward mlp": 3 * 2 * 4096, "forward attn": 2 * 256 * 256 * 2}
+
+
+PARTIAL = """HloModule step
+
+%fused_update (param_0: bf16[4,1024], param_1: s32[], param_2: bf16[2,1024]) -> bf16[4,1024] {
+  %param_0 = bf16[4,1024]{1,0} parameter(0)
+  %param_2 = bf16[2,1024]{1,0} parameter(2)
+  %slice.1 = bf16[1,1024]{1,0} slice(%param_2), slice={[0:1], [0:1024]}
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %dynamic-update-slice.1 = bf16[4,1024]{1,0} dynamic-update-slice(%param_0, %slice.1, %param_1, %zero)
+}
+
+ENTRY %main (p0: bf16[4,1024], p1: bf16[2,1024], p2: s8[4096]) -> bf16[4,1024] {
+  %p0 = bf16[4,1024]{1,0} parameter(0)
+  %p1 = bf16[2,1024]{1,0} parameter(1)
+  %p2 = s8[4096]{0} parameter(2)
+  %i = s32[] constant(1)
+  %slice-start.1 = ((s8[4096]{0}), s8[1024]{0:S(1)}, s32[]) slice-start(%p2), slice={[0:1024]}
+  %slice-done.1 = s8[1024]{0:S(1)} slice-done(%slice-start.1)
+  ROOT %fusion.2 = bf16[4,1024]{1,0} fusion(%p0, %i, %p1), kind=kLoop, calls=%fused_update
+}
+"""
+
+
+def test_parts_read_and_updated_in_place_count_as_parts():
+    """A fusion that writes one row of a [4, 1024] buffer in place from one row of its other operand
+    moves those rows (read 2 KiB, write 2 KiB, the index 4 bytes), not the buffers whole; an async slice
+    moves its slice. Counting them whole had the split 1.39x over the compiler's count on gemma3-1b's
+    8,192-token step (0.95x so)."""
+    moved = {instruction.name: size for instruction, size in hbm_traffic.traffic(PARTIAL)}
+    assert moved == {"fusion.2": 2048 + 4 + 2048, "slice-done.1": 2 * 1024}

@@ -81,6 +81,9 @@ def needed_bytes(compiled) -> int:
             - memory.alias_size_in_bytes + memory.generated_code_size_in_bytes)
 
 
+ARGUMENTS = "arguments (training state, frozen weights, batch)"  # what arguments_refusal refuses
+
+
 def argument_bytes_per_chip(arguments) -> int:
     """What a program's arguments (arrays or shapes with shardings) take on the chip holding most of
     them, known before compiling: the compiler's `argument_size_in_bytes` less its padding of small
@@ -97,7 +100,7 @@ def arguments_refusal(arguments, devices) -> MemoryRefusal | None:
     """The refusal no compile needs to make: arguments that alone exceed the usable HBM (a training state
     too large for its chips), which no rematerialisation or loss head can change."""
     needed, usable = argument_bytes_per_chip(arguments), usable_hbm_bytes(devices)
-    return MemoryRefusal("arguments (training state, frozen weights, batch)", needed, usable) if needed > usable else None
+    return MemoryRefusal(ARGUMENTS, needed, usable) if needed > usable else None
 
 
 def whole_program_refusal(compiled, devices) -> MemoryRefusal | None:

@@ -150,8 +150,8 @@ def _fusion_access(body: list[Instruction]) -> _Access:
             reads[int(parameter.arguments)] = sum(array_bytes(use.result) for use in uses)
     writes = None
     if in_place:
-        writes = sum(array_bytes(by_name[out.operands[1]].result) if out.operands[0] in in_place and out.op == "dynamic-update-slice"
-                     else array_bytes(out.result) for out in outputs)
+        updates = in_place.values()
+        writes = sum(array_bytes(by_name[out.operands[1]].result if out in updates else out.result) for out in outputs)
     return _Access(reads, writes)
 
 

@@ -17,6 +17,7 @@ import os
 import pathlib
 import sys
 
+from trainer import hbm
 from trainer.config import GEMMA3_MODELS
 from trainer.errors import entry_point
 from trainer.measure import memory
@@ -78,7 +79,7 @@ def markdown(entries: list[dict]) -> str:
 
 def _needs(entry: dict) -> str:
     """A refusal before compiling (trainer.hbm.arguments_refusal) counts the arguments alone."""
-    return "its state alone needs" if (entry.get("refused_for") or "").startswith("arguments") else "needs"
+    return "its state alone needs" if entry.get("refused_for") == hbm.ARGUMENTS else "needs"
 
 
 def _chunk(entry: dict) -> str:

@@ -197,9 +197,10 @@ def _resources(registrations: list[Registration]) -> list[Resource]:
 
 
 def _shown(value: Any) -> Any:
-    """Inputs as plain JSON: unknowns become COMPUTED, resource references their URN."""
+    """Inputs as plain JSON, keys sorted (the engine's order follows how outputs resolved): unknowns
+    become COMPUTED, resource references their URN."""
     if isinstance(value, dict):
-        return {key: _shown(item) for key, item in value.items()}
+        return {key: _shown(value[key]) for key in sorted(value)}
     if isinstance(value, list):
         return [_shown(item) for item in value]
     if isinstance(value, (Unknown, pulumi.Resource)) or value == rpc.UNKNOWN:

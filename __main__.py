@@ -5,7 +5,7 @@ What it declares is in stack.py; review it offline with `python -m infra.preview
 
 import pulumi
 
-from infra.stack_files import from_pulumi
+from infra.config.stack_files import from_pulumi
 from infra.errors import ConfigError
 from stack import declare_stack
 

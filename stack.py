@@ -6,9 +6,9 @@ Pulumi mocks) declare the same stack. Nothing below this module imports it.
 import pulumi
 
 from infra.config import StackConfig
-from infra.image import TrainerImage
-from infra.jobset import JOBSET_VERSION
-from infra.kueue import KUEUE_VERSION
+from infra.cloud.image import TrainerImage
+from infra.queueing.jobset import JOBSET_VERSION
+from infra.queueing.kueue import KUEUE_VERSION
 from infra.platform import Platform, build
 from infra.pricing import tpu_cost_per_hour
 from infra.serving import ServingInfra

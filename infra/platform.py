@@ -8,17 +8,17 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.apis import ProjectApis
-from infra.cluster import GkeCluster
+from infra.cloud.apis import ProjectApis
+from infra.cloud.cluster import GkeCluster
 from infra.config import StackConfig
-from infra.identity import TrainingIdentity
-from infra.jobset import JobSetController
-from infra.kueue import KueueQueue
-from infra.monitoring import Monitoring
-from infra.network import StackNetwork
-from infra.registry import Registry
-from infra.storage import Buckets
-from infra.tpu_pools import TpuPools
+from infra.cloud.identity import TrainingIdentity
+from infra.queueing.jobset import JobSetController
+from infra.queueing.kueue import KueueQueue
+from infra.observability.monitoring import Monitoring
+from infra.cloud.network import StackNetwork
+from infra.cloud.registry import Registry
+from infra.cloud.storage import Buckets
+from infra.cloud.tpu_pools import TpuPools
 
 
 @dataclass(frozen=True, kw_only=True)

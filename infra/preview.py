@@ -25,7 +25,7 @@ from pulumi.runtime import settings
 
 from infra.config import PROJECT
 from infra.errors import ConfigError
-from infra.stack_files import PLACEHOLDER_PROJECT, PROJECT_ROOT, offline_values
+from infra.config.stack_files import PLACEHOLDER_PROJECT, PROJECT_ROOT, offline_values
 
 PROGRAM = PROJECT_ROOT / "__main__.py"
 PLACEHOLDER_DNS_ENDPOINT = "gke-0123456789abcdef-000000000000.us-east5.gke.goog"  # a cluster's DNS endpoint form

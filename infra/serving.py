@@ -3,21 +3,21 @@ sits at zero nodes until a replica asks for one, a Google account that may only 
 bucket, acting as the serving pods' ServiceAccount, and, for a Docker Hub image, an Artifact
 Registry remote repository of Docker Hub that the nodes pull it through (from the cluster's region,
 as they pull the trainer), and, with autoscaling, the metrics adapter its autoscaler reads
-(infra.metrics_adapter)."""
+(infra.observability.metrics_adapter)."""
 
 from collections.abc import Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.cluster import GkeCluster
-from infra.component import Component, service_account_member
+from infra.cloud.cluster import GkeCluster
+from infra.cloud.component import Component, service_account_member
 from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
-from infra.identity import READ_ROLE, PodIdentity, TrainingIdentity
-from infra.metrics_adapter import MetricsAdapter
-from infra.storage import Buckets
-from infra.tpu_pools import scale_from_zero_pool
+from infra.cloud.identity import READ_ROLE, PodIdentity, TrainingIdentity
+from infra.observability.metrics_adapter import MetricsAdapter
+from infra.cloud.storage import Buckets
+from infra.cloud.tpu_pools import scale_from_zero_pool
 
 
 

@@ -9,7 +9,7 @@ applies for the stack. The image digest exists only after the build:
 without a configured `gemma-tpu:image` the image is the placeholder `${TRAINER_IMAGE}` (fill it
 with `envsubst` before `kubectl apply`).
 Without `gcp:project` in the stack file, the project (and the bucket and account names derived from
-it) is infra.stack_files' placeholder. An invalid config exits with code 2 and its one-line message.
+it) is infra.config.stack_files' placeholder. An invalid config exits with code 2 and its one-line message.
 """
 
 import argparse
@@ -22,8 +22,8 @@ import yaml
 
 from infra.config import StackConfig, parse_stack_config
 from infra.errors import ConfigError
-from infra.queues import queue_objects
-from infra.stack_files import offline_values
+from infra.queueing.queues import queue_objects
+from infra.config.stack_files import offline_values
 from trainer.contract import USER_ERROR
 from workloads import manifests, serving
 from workloads.spec import RunSpec, run_specs

@@ -28,10 +28,10 @@ have `backoffLimit: 0` and the JobSet restarts them as a whole.
 from collections.abc import Sequence
 from typing import Any
 
-from infra.accounts import namespace_object, service_account_object
+from infra.cloud.accounts import namespace_object, service_account_object
 from infra.config import CACHE_HEADROOM_GIB
-from infra.queues import MAX_RUN_ANNOTATION, PRIORITY_LABEL, QUEUE_LABEL
-from infra.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
+from infra.queueing.queues import MAX_RUN_ANNOTATION, PRIORITY_LABEL, QUEUE_LABEL
+from infra.catalog.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from trainer import contract
 from trainer.contract import TRAINER_UID
 from workloads.spec import (
@@ -170,7 +170,7 @@ def _node_pool_affinity(pools: tuple[str, ...]) -> dict[str, Any]:
 def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
     resources = {"google.com/tpu": str(spec.chips_per_host), "ephemeral-storage": f"{spec.pod_disk_gib}Gi"}
     if spec.trainer_memory_gib is not None:
-        resources["memory"] = f"{spec.trainer_memory_gib}Gi"  # see infra.tpu.SliceSpec.trainer_memory_gib
+        resources["memory"] = f"{spec.trainer_memory_gib}Gi"  # see infra.catalog.tpu.SliceSpec.trainer_memory_gib
     trainer = {
         "name": TRAINER_CONTAINER,
         "image": spec.image,
@@ -244,13 +244,13 @@ def _queued(spec: RunSpec, training_object: dict[str, Any]) -> dict[str, Any]:
 
 
 def namespace(spec: RunSpec) -> dict[str, Any]:
-    """The namespace of the run (created by infra.identity on `pulumi up`, from the same builder)."""
+    """The namespace of the run (created by infra.cloud.identity on `pulumi up`, from the same builder)."""
     return namespace_object(spec.namespace)
 
 
 def service_accounts(spec: RunSpec) -> list[dict[str, Any]]:
     """The pods' ServiceAccounts, training's then data preparation's, each acting as its own
-    Google account (created by infra.identity on `pulumi up`, from the same builder)."""
+    Google account (created by infra.cloud.identity on `pulumi up`, from the same builder)."""
     return [
         service_account_object(spec.service_account, namespace=spec.namespace, google_service_account=spec.google_service_account),
         service_account_object(spec.prepare_service_account, namespace=spec.namespace,
@@ -393,7 +393,7 @@ def preparation_jobs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
 
 def all_objects(specs: Sequence[RunSpec], queue_objects: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Every object of the stack's runs in the order they are applied: the namespace and its
-    ServiceAccounts, the queue (infra.queues), data preparation, then each run's training object."""
+    ServiceAccounts, the queue (infra.queueing.queues), data preparation, then each run's training object."""
     first = specs[0]
     return [namespace(first), *service_accounts(first), *queue_objects, *preparation_jobs(specs), *map(training, specs)]
 

@@ -4,7 +4,7 @@ provider once the served run's object, the serving pool and the serving identity
 `pulumi up` does not wait for the Deployment (its rollout takes the pool's node and the first
 compile). When the run's export is already in the bucket it waits for the smoke Job instead, so an
 update that ends well has had one chat request answered; while the run is still training it leaves
-the Job waiting in the cluster, and says so. The ServiceAccount is infra.identity's, from the same builder.
+the Job waiting in the cluster, and says so. The ServiceAccount is infra.cloud.identity's, from the same builder.
 """
 
 from collections.abc import Callable, Sequence

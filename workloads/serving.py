@@ -17,11 +17,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from infra.accounts import service_account_object
+from infra.cloud.accounts import service_account_object
 from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
-from infra.names import NODE_POOL_LABEL
+from infra.catalog.names import NODE_POOL_LABEL
 from workloads.manifests import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, pod_metadata, pod_security
 from workloads.spec import RunSpec
 

@@ -14,8 +14,8 @@ from typing import Literal
 from infra.config import RunConfig, StackConfig
 from infra.config.training import PreparationConfig, TrainingConfig, trainer_flags
 from infra.config.slices import trainer_memory_gib
-from infra.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
-from infra.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
+from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
+from infra.catalog.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
 from trainer.contract import PREPARED_MARKER_FILE, TRAINER_UID
 
@@ -60,7 +60,7 @@ Shape = Literal["job", "jobset"]
 
 
 def run_shape(config: StackConfig, run: RunConfig) -> Shape:
-    """A batch/v1 Job for a single host; a JobSet as soon as there are several pods (infra.names.run_kind)."""
+    """A batch/v1 Job for a single host; a JobSet as soon as there are several pods (infra.catalog.names.run_kind)."""
     return "job" if run_kind(slices=run.slices, hosts_per_slice=config.slice.hosts) == "Job" else "jobset"
 
 
@@ -68,7 +68,7 @@ def run_shape(config: StackConfig, run: RunConfig) -> Shape:
 class RunSpec:
     name: str  # the Job / JobSet name: runName plus a hash of everything the run depends on
     namespace: str
-    service_account: str  # the training pods' Kubernetes ServiceAccount (infra.identity)
+    service_account: str  # the training pods' Kubernetes ServiceAccount (infra.cloud.identity)
     google_service_account: str  # the Google account it acts as (Workload Identity)
     prepare_service_account: str  # the data preparation pods' Kubernetes ServiceAccount
     prepare_google_service_account: str  # the Google account it acts as: the data bucket's writer

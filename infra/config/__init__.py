@@ -1,9 +1,9 @@
 """The typed stack configuration: its schema and its validation, a module per section of the stack
-file (gemma-tpu:tpu is slices.py, beside infra.tpu's catalog; the other sections are named as their
+file (gemma-tpu:tpu is slices.py, beside infra.catalog.tpu's catalog; the other sections are named as their
 keys), sections.py the reads they share and stack.py the one entry point.
 
 `parse_stack_config` turns the `config:` section of a stack file into a `StackConfig` and validates
-it before any resource is declared; infra.stack_files reads that section from a stack file or from
+it before any resource is declared; infra.config.stack_files reads that section from a stack file or from
 the Pulumi engine. Every problem raises one `ConfigError` whose message names the key as written in
 the stack file and the allowed values.
 

@@ -9,7 +9,7 @@ from infra.config.sections import Section
 from infra.errors import ConfigError
 
 CLUSTER_MODES = ("standard", "autopilot")
-# The Standard cluster's CPU pool (infra.cluster): controllers and data preparation.
+# The Standard cluster's CPU pool (infra.cloud.cluster): controllers and data preparation.
 CPU_POOL_NODES = (1, 3)  # autoscaling min, max
 _DAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
 # GKE needs a maintenance window with at least 48 hours of availability in any 32 days (every

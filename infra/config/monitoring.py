@@ -15,7 +15,7 @@ ALERT_MINUTES = (5, 24 * 60)
 
 @dataclass(frozen=True, kw_only=True)
 class MonitoringConfig:
-    """The stack's dashboard and alert policies (infra.monitoring); each threshold is an alert's."""
+    """The stack's dashboard and alert policies (infra.observability.monitoring); each threshold is an alert's."""
 
     enabled: bool
     notification_channels: tuple[str, ...]  # where alerts go; none: they show in the console only

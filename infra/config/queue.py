@@ -6,7 +6,7 @@ from infra.config.runs import RunConfig
 from infra.config.sections import PROJECT, Section
 from infra.config.slices import capacity_chips
 from infra.errors import ConfigError
-from infra.tpu import SliceSpec
+from infra.catalog.tpu import SliceSpec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infra import names
+from infra.catalog import names
 from infra.config.sections import DNS_LABEL, PROJECT, Section, check_dns_label
 from infra.config.slices import TpuConfig
 from infra.config.training import PreparationConfig, TrainingConfig, parse_preparation, parse_training
 from infra.errors import ConfigError
-from infra.tpu import SliceSpec
+from infra.catalog.tpu import SliceSpec
 
 # Run priorities (gemma-tpu:runs[].priority): each is a Kueue WorkloadPriorityClass of this value.
 # A higher one is admitted first and may preempt a lower one (which resumes from its checkpoint).

@@ -11,7 +11,7 @@ from infra.errors import ConfigError
 PROJECT = "gemma-tpu"  # the Pulumi project name, the namespace of this program's keys
 # Keys an earlier version of this schema had, and where their setting lives now.
 MOVED_KEYS = {f"{PROJECT}:cluster.deletionProtection": f"{PROJECT}:protect"}
-# Kubernetes names (DNS-1123 labels); a run name's limit depends on the names derived from it (infra.names).
+# Kubernetes names (DNS-1123 labels); a run name's limit depends on the names derived from it (infra.catalog.names).
 DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 
 

@@ -11,11 +11,11 @@ import math
 import re
 from dataclasses import dataclass
 
-from infra import tpu
+from infra.catalog import tpu
 from infra.config.runs import RunConfig
 from infra.config.sections import Section
 from infra.errors import ConfigError
-from infra.tpu import SliceSpec
+from infra.catalog.tpu import SliceSpec
 from trainer.measure.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
 
 SERVING_NAME = "vllm"  # the Deployment, its Service, PodMonitoring and Kubernetes ServiceAccount
@@ -168,7 +168,7 @@ def _served_run(section: Section, name: str, runs: tuple[RunConfig, ...]) -> Run
 
 
 def _serving_slice(section: Section, request: _Request) -> SliceSpec:
-    """vLLM on TPU in GKE runs on one host: a single-host slice (infra.tpu.serving_slice)."""
+    """vLLM on TPU in GKE runs on one host: a single-host slice (infra.catalog.tpu.serving_slice)."""
     try:
         tpu.slice_spec(request.accelerator, request.topology)
     except ConfigError as error:

@@ -1,13 +1,13 @@
 """gemma-tpu:tpu: the slices the stack's TPU pools hold (accelerator, topology, how many) and the
-capacity they run on. The slice shapes these keys name are infra.tpu's catalog."""
+capacity they run on. The slice shapes these keys name are infra.catalog.tpu's catalog."""
 
 import re
 from dataclasses import dataclass
 
-from infra import tpu
+from infra.catalog import tpu
 from infra.config.sections import PROJECT, Section
 from infra.errors import ConfigError
-from infra.tpu import SliceSpec
+from infra.catalog.tpu import SliceSpec
 
 CAPACITIES = ("on-demand", "spot", "reservation", "flex-start")
 # Autopilot picks capacity from each pod's node selectors; this project wires on-demand and Spot

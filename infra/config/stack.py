@@ -22,7 +22,7 @@ from infra.config.slices import CAPACITY_SELECTORS, TpuConfig, capacity_chips, c
 from infra.config.storage import CACHE_HEADROOM_GIB, DATA_CACHE_GIB_DEFAULT, DATA_CACHE_GIB_MAX, TRAINER_SCRATCH_GIB, check_buckets
 from infra.config.training import parse_preparation, parse_training
 from infra.errors import ConfigError
-from infra.tpu import SliceSpec
+from infra.catalog.tpu import SliceSpec
 
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")

@@ -3,7 +3,7 @@
 import functools
 from typing import Any
 
-from infra.stack_files import read_stack_values
+from infra.config.stack_files import read_stack_values
 from infra.preview import Resource, StackPreview, preview
 
 PROJECT_ID = "acme-ml-123"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from infra.stack_files import PROJECT_ROOT
+from infra.config.stack_files import PROJECT_ROOT
 from infra.preview import main
 from tests.infra.bad_stack_inputs import CASES, markdown_table
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from infra.stack_files import PROJECT_ROOT
+from infra.config.stack_files import PROJECT_ROOT
 
 # (the pins a user edits, the lock pip-compile made from them)
 LOCKS = {

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from infra.stack_files import PROJECT_ROOT
+from infra.config.stack_files import PROJECT_ROOT
 from infra.preview import main
 
 

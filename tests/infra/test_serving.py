@@ -11,9 +11,9 @@ import yaml
 from infra.config.serving import SERVING_POOL, mirror_repository_id
 from infra import preview as preview_module
 from infra.preview import preview
-from infra.stack_files import PROJECT_ROOT
+from infra.config.stack_files import PROJECT_ROOT
 from tests.infra.conftest import PROJECT_ID, of_type, one, previewed, stack_values
-from tests.infra.test_destroy import prerequisites
+from tests.infra.cloud.test_destroy import prerequisites
 from trainer.contract import USER_ERROR
 
 NODE_POOL = "gcp:container/nodePool:NodePool"

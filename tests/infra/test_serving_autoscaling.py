@@ -10,11 +10,11 @@ import pytest
 
 from infra.config import STACK_NAME_MAX
 from infra.config.serving import metrics_adapter_account_id
-from infra.metrics_adapter import ADAPTER_MANIFESTS, acting_as
+from infra.observability.metrics_adapter import ADAPTER_MANIFESTS, acting_as
 from infra.preview import preview
 from tests.infra.conftest import PROJECT_ID, of_type, one, previewed, stack_values
-from tests.infra.test_account_names import GOOGLE_ACCOUNT_ID
-from tests.infra.test_destroy import prerequisites
+from tests.infra.config.test_account_names import GOOGLE_ACCOUNT_ID
+from tests.infra.cloud.test_destroy import prerequisites
 from tests.infra.test_serving import serving_preview
 
 CONFIG_FILE = "kubernetes:yaml/v2:ConfigFile"

@@ -1,6 +1,6 @@
 """docs/stacks.md shows the shipped stacks as the code derives them."""
 
-from infra.stack_files import PROJECT_ROOT
+from infra.config.stack_files import PROJECT_ROOT
 from infra.stack_table import markdown_table, training_table
 
 

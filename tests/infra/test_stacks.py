@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from infra.stack_files import shipped_stacks
-from infra.jobset import JOBSET_VERSION
+from infra.config.stack_files import shipped_stacks
+from infra.queueing.jobset import JOBSET_VERSION
 from infra.pricing import PRICE_PER_CHIP_HOUR_USD
 from infra.preview import PLACEHOLDER_DNS_ENDPOINT, preview
 from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
@@ -118,7 +118,7 @@ def test_tpu_pools_have_the_slice_shape(stack):
         assert pool.inputs["nodeLocations"] == ["us-east5-b"]
         assert pool.inputs["nodeConfig"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
         assert pool.inputs["nodeConfig"]["serviceAccount"] == nodes_email(stack)
-        if stack != "queued":  # flex-start: tests/infra/test_queue.py
+        if stack != "queued":  # flex-start: tests/infra/queueing/test_queue.py
             assert not {"spot", "flexStart", "reservationAffinity"} & set(pool.inputs["nodeConfig"])  # on-demand
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from gemma import gm
 
-from infra import telemetry
+from infra.observability import telemetry
 from infra.config import parse_stack_config
-from infra.stack_files import offline_values
-from tests.infra import monitoring_filters
+from infra.config.stack_files import offline_values
+from tests.infra.observability import monitoring_filters
 from trainer.data import loader as data
 from trainer import contract, loop, models, step
 from trainer.config import parse_config

@@ -10,7 +10,7 @@ import pytest
 
 from infra.config import StackConfig, parse_stack_config
 from infra.preview import Registration, record
-from infra.stack_files import offline_values, shipped_stacks
+from infra.config.stack_files import offline_values, shipped_stacks
 from workloads.spec import RunSpec, run_spec
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

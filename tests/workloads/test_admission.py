@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from infra import names, tpu
+from infra.catalog import names, tpu
 from infra.errors import ConfigError
 from tests.workloads import admission, admission_serving
 from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config, training_pod

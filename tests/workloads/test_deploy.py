@@ -9,8 +9,8 @@ import pulumi_kubernetes as k8s
 import pytest
 from pulumi.runtime import rpc
 
-from infra.image import TRAINER_DIR, TrainerImage, source_tag
-from infra.jobset import JOBSET_MANIFESTS
+from infra.cloud.image import TRAINER_DIR, TrainerImage, source_tag
+from infra.queueing.jobset import JOBSET_MANIFESTS
 from tests.workloads.conftest import IMAGE, spec_of, stack_config
 from workloads import manifests
 from workloads.deploy import RunPlatform, TrainingRun

@@ -4,7 +4,7 @@ the topology or slice count of a stack changes."""
 
 import pytest
 
-from infra import tpu
+from infra.catalog import tpu
 from infra.config import parse_stack_config
 from infra.config.serving import SERVING_POOL
 from infra.preview import preview

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from infra import tpu
+from infra.catalog import tpu
 from tests.workloads import failure_events
 from tests.workloads.conftest import REPO, IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
 from trainer import contract

@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from infra.queues import queue_objects
+from infra.queueing.queues import queue_objects
 from tests.workloads.conftest import REPO, STACKS, stack_config
 from trainer.contract import USER_ERROR
 from workloads.__main__ import IMAGE_PLACEHOLDER, main, render_specs

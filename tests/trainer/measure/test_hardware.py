@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra import tpu
+from infra.catalog import tpu
 from trainer.measure import hardware
 
 GIB = 2**30

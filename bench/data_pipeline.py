@@ -30,7 +30,8 @@ from bench import inputs as inputs_lib
 from bench.baseline import tokenize_row
 from bench.stats import mib
 from trainer.data import loader as data_lib
-from trainer.measure import flops, hardware
+from trainer.measure import flops
+from trainer import hardware
 from trainer import models
 from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.prepare import prepare

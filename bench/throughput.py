@@ -22,7 +22,8 @@ from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
 from bench.stats import Repeats, mib, peak_rss_bytes, spread
-from trainer.measure import flops, hardware
+from trainer.measure import flops
+from trainer import hardware
 from trainer import models
 from trainer.config import PRESET_VALUES, TINY, TrainConfig
 from trainer.gemma3.config import Gemma3Config

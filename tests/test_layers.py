@@ -19,7 +19,7 @@ TRAINER_LAYERS = (
     ("the data side", ("trainer.data",)),
     ("the options", ("trainer.config", "trainer.gemma3.config")),
     ("the parts of a run", ("trainer.checkpoint", "trainer.params_io", "trainer.hbm", "trainer.metrics", "trainer.precision", "trainer.preemption",
-                            "trainer.measure.flops", "trainer.measure.hardware", "trainer.measure.throughput",
+                            "trainer.measure.flops", "trainer.hardware", "trainer.measure.throughput",
                             "trainer.hf.config", "trainer.hf.weights", "trainer.hf.tokenizer",
                             "trainer.hf.tokenizer_json", "trainer.hf.sample")),
     ("the model and its step", ("trainer.gemma3", "trainer.models", "trainer.layers", "trainer.loss", "trainer.mesh", "trainer.step", "trainer.vocab_chunk", "trainer.sampling",

@@ -9,7 +9,7 @@ USER_ERROR = 2
 # 75 is EX_TEMPFAIL from sysexits.h: "temporary failure, try again".
 RETRY = 75
 
-# The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/image.py).
+# The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/cloud/image.py).
 TRAINER_UID = 1000
 # `python -m trainer.data.prepare` writes this file last inside its output and renames the output into
 # place: its presence means the prepared data is complete.

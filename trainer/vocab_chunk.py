@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import loss, mesh
-from trainer.measure import hardware
+from trainer import hardware
 
 # Plain logits, then chunks of 2^16 down to 2^12 rows; those not below the vocabulary are left out.
 CANDIDATES = (None, 65_536, 32_768, 16_384, 8_192, 4_096)

@@ -16,7 +16,7 @@ from infra.config.runs import RunConfig
 from infra.config.sections import Section
 from infra.errors import ConfigError
 from infra.catalog.tpu import SliceSpec
-from trainer.measure.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
+from trainer.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
 
 SERVING_NAME = "vllm"  # the Deployment, its Service, PodMonitoring and Kubernetes ServiceAccount
 SERVING_POOL = "tpu-serving"  # the serving slice's node pool (Standard clusters)

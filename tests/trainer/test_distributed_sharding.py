@@ -8,7 +8,8 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh
 
-from trainer.measure import hardware, memory
+from trainer import hardware
+from trainer.measure import memory
 
 from trainer import mesh, models, step
 from trainer.config import TrainConfig

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from trainer import hbm, mesh, models, precision, step, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer.measure import collectives, flops, hardware, hbm_traffic
+from trainer.measure import collectives, flops, hbm_traffic
+from trainer import hardware
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}

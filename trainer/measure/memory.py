@@ -27,7 +27,8 @@ import dataclasses
 import math
 import sys
 
-from trainer.measure import flops, hardware
+from trainer.measure import flops
+from trainer import hardware
 from trainer.errors import UserError, entry_point
 
 _BF16 = 2

@@ -6,7 +6,8 @@ import time
 
 import jax
 
-from trainer.measure import flops, hardware
+from trainer.measure import flops
+from trainer import hardware
 
 
 class ThroughputMeter:

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 from trainer import contract, models
 
-from trainer.measure import flops, hardware, memory
+from trainer.measure import flops, memory
+from trainer import hardware
 
 V6E_HBM = hardware.hbm_bytes(hardware.DEVICE_KIND_OF_ACCELERATOR["v6e"])
 GEMMA3_1B = models.model_config("gemma3-1b", vocab_size=0)

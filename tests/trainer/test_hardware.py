@@ -3,7 +3,7 @@
 import pytest
 
 from infra.catalog import tpu
-from trainer.measure import hardware
+from trainer import hardware
 
 GIB = 2**30
 

@@ -1,8 +1,10 @@
 """Imports run one way: the trainer (the container) at the bottom, then the stack config and the TPU
 catalog, then the infrastructure components and the workload builders beside each other, then the
-program that joins them (stack.py, __main__.py). Inside the trainer, its own layers run the same way
-(TRAINER_LAYERS). A module that imports upward, or across from the workloads into the components or
-back, fails here with the offending line; so does any import circle."""
+program that joins them (stack.py, __main__.py). Inside the trainer and inside infra, their own layers
+run the same way (TRAINER_LAYERS, INFRA_LAYERS). A module that imports upward, or across from the
+workloads into the components or back, fails here with the offending line; so does any import circle.
+Every folder of infra/ and trainer/ says what it holds in its docstring and holds at most
+MODULES_PER_FOLDER modules."""
 
 import ast
 import pathlib
@@ -29,6 +31,19 @@ TRAINER_LAYERS = (
 )
 
 
+# infra's folders, lowest first: a module imports its own folder or a lower layer. Folders in one layer
+# stand beside each other and import neither. "infra" covers the modules at infra/'s top.
+INFRA_LAYERS = (
+    ("the one error a config raises", ("infra.errors",)),
+    ("the slice catalog and its names", ("infra.catalog",)),
+    ("the stack config", ("infra.config",)),
+    ("the cloud platform's components", ("infra.cloud",)),
+    ("what runs wait in, and what the stack watches", ("infra.queueing", "infra.observability")),
+    ("what joins them, and the program's tools", ("infra",)),
+)
+MODULES_PER_FOLDER = 12
+
+
 def _module_name(path: pathlib.Path) -> str:
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -45,13 +60,28 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
     return found
 
 
-def trainer_layer(module: str) -> int:
-    """The index in TRAINER_LAYERS of the most specific name that covers `module`."""
-    covering = [(len(name), index) for index, (_, names) in enumerate(TRAINER_LAYERS) for name in names
+def _layer(module: str, layers: tuple, table: str) -> tuple[int, str]:
+    """The index in `layers` of the most specific name that covers `module`, and that name."""
+    covering = [(len(name), index, name) for index, (_, names) in enumerate(layers) for name in names
                 if module == name or module.startswith(name + ".")]
     if not covering:
-        raise AssertionError(f"{module} is in no layer of tests/test_layers.py's TRAINER_LAYERS: place it there")
-    return max(covering)[1]
+        raise AssertionError(f"{module} is in no layer of tests/test_layers.py's {table}: place it there")
+    _, index, name = max(covering)
+    return index, name
+
+
+def trainer_layer(module: str) -> int:
+    return _layer(module, TRAINER_LAYERS, "TRAINER_LAYERS")[0]
+
+
+def _refused_in_infra(importer: str, imported: str) -> str | None:
+    (mine, my_folder), (theirs, their_folder) = (_layer(importer, INFRA_LAYERS, "INFRA_LAYERS"),
+                                                 _layer(imported, INFRA_LAYERS, "INFRA_LAYERS"))
+    if theirs > mine:
+        return f"upward in infra: {INFRA_LAYERS[mine][0]} may not import {INFRA_LAYERS[theirs][0]}"
+    if theirs == mine and my_folder != their_folder:
+        return f"across infra: {my_folder} and {their_folder} stand beside each other and import neither"
+    return None
 
 
 def _refused(importer: str, imported: str) -> str | None:
@@ -61,6 +91,8 @@ def _refused(importer: str, imported: str) -> str | None:
         mine, theirs = trainer_layer(importer), trainer_layer(imported)
         if theirs > mine:
             return f"upward in the trainer: {TRAINER_LAYERS[mine][0]} may not import {TRAINER_LAYERS[theirs][0]}"
+    if importer.startswith("infra") and top == "infra":
+        return _refused_in_infra(importer, imported)
     if imported in PROGRAM or top == "stack":
         return "the program imports the layers, never the other way"
     if importer.startswith("trainer") and top in ("infra", "workloads"):
@@ -137,6 +169,26 @@ def test_every_trainer_module_has_a_layer():
         trainer_layer(_module_name(path))
 
 
+def test_every_infra_module_has_a_layer():
+    for path in sorted((REPO / "infra").rglob("*.py")):
+        _layer(_module_name(path), INFRA_LAYERS, "INFRA_LAYERS")
+
+
+def _folders() -> list[pathlib.Path]:
+    return sorted(path.parent for package in ("infra", "trainer") for path in (REPO / package).rglob("__init__.py"))
+
+
+def test_every_folder_says_what_it_holds():
+    undocumented = [str(folder.relative_to(REPO)) for folder in _folders() if not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))]
+    assert not undocumented, f"folders without a docstring in __init__.py (what it holds, what it may import): {undocumented}"
+
+
+def test_no_folder_holds_more_than_a_dozen_modules():
+    crowded = {str(folder.relative_to(REPO)): count for folder in _folders()
+               if (count := len([path for path in folder.glob("*.py") if path.name != "__init__.py"])) > MODULES_PER_FOLDER}
+    assert not crowded, f"folders over {MODULES_PER_FOLDER} modules: {crowded}: split them by concern"
+
+
 def test_the_check_refuses_each_wrong_way():
     assert _refused("infra.platform", "workloads.deploy")
     assert _refused("workloads.manifests", "infra.cloud.identity")
@@ -147,6 +199,12 @@ def test_the_check_refuses_each_wrong_way():
     assert _refused("trainer.data.prepare", "trainer.models.init_params")
     assert _refused("trainer.models", "trainer.loop")
     assert _refused("trainer.hf.export", "trainer.loop") is None and _refused("trainer.loop", "trainer.data.loader") is None
+    assert _refused("infra.catalog.tpu", "infra.config.StackConfig")
+    assert _refused("infra.cloud.cluster", "infra.observability.telemetry")
+    assert _refused("infra.queueing.kueue", "infra.observability.monitoring")
+    assert _refused("infra.observability.dashboard", "infra.platform")
+    assert _refused("infra.observability.monitoring", "infra.cloud.component.Component") is None
+    assert _refused("infra.platform", "infra.queueing.kueue") is None
 
 
 def test_the_circle_check_finds_a_circle():

@@ -81,3 +81,20 @@ def test_outputs_tell_how_to_watch_the_run(stack):
     assert outputs["trainingStatus"] == manifests.status_command(spec)
     assert outputs["trainingLogs"] == manifests.logs_command(spec)
     assert outputs["tensorboardDir"] == f"gs://{spec.artifacts_bucket}/runs/{spec.name}/tensorboard"
+
+
+def test_the_watch_commands_are_these_kubectl_lines():
+    """Written out for one Job stack and one JobSet stack: a wrong label, flag or kind in the builders
+    shows here (the run's name carries a hash of the image, so it is taken from the outputs)."""
+    dev = previewed("dev").outputs
+    run = dev["trainingRun"]
+    assert run.startswith("gemma-finetune-")
+    assert dev["trainingStatus"] == f"kubectl get job {run} -n training"
+    assert dev["trainingLogs"] == f"kubectl logs -n training -f job/{run} -c trainer"
+    multihost = previewed("multihost").outputs
+    run = multihost["trainingRun"]
+    assert multihost["trainingStatus"] == f"kubectl get jobset {run} -n training"
+    assert multihost["trainingLogs"] == (
+        f"kubectl logs -n training -f -l jobset.sigs.k8s.io/jobset-name={run},jobset.sigs.k8s.io/job-index=0,"
+        "batch.kubernetes.io/job-completion-index=0 -c trainer"
+    )

@@ -31,12 +31,20 @@ def _losses(workdir):
     return {r["step"]: r["loss"] for r in read_metrics(pathlib.Path(workdir) / "metrics.jsonl") if "loss" in r}
 
 
-def test_stop_and_resume_gives_the_parameters_and_batches_of_a_straight_run(tmp_path, prepared_dir, tokenizer_path):
+def _steps_reported(workdir):
+    """The steps metrics.jsonl reports a loss for, in the order the runs appended them."""
+    return [r["step"] for r in read_metrics(pathlib.Path(workdir) / "metrics.jsonl") if "loss" in r]
+
+
+def test_stop_and_resume_gives_the_parameters_and_batches_of_a_straight_run(tmp_path, prepared_dir, tokenizer_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _run(straight, prepared_dir, tokenizer_path, STEPS)
     _run(resumed, prepared_dir, tokenizer_path, STEPS // 2)
+    capsys.readouterr()
     _run(resumed, prepared_dir, tokenizer_path, STEPS)
-    assert sorted(_losses(resumed)) == list(range(1, STEPS + 1))
+    assert f"resuming from the checkpoint of step {STEPS // 2} in " in capsys.readouterr().out
+    # The second run trained the later steps only: a run that ignored the checkpoint would append 1..8 again.
+    assert _steps_reported(resumed) == list(range(1, STEPS + 1))
     # Equal losses after the resume: the same batches met the same parameters.
     assert _losses(resumed) == _losses(straight)
     want = gm.ckpts.load_params(straight / "export" / "params")

@@ -63,7 +63,8 @@ def alert_policies(config: StackConfig, run: RunTelemetry) -> dict[str, gcp.moni
 
 def _run_events(config: StackConfig, run: RunTelemetry, reasons: tuple[str, ...]) -> str:
     """The training object's events of these reasons."""
-    return telemetry.log_metric_filter(run.run_events, config, {metric_label("reason"): OneOf(reasons)})
+    return telemetry.time_series_filter(run.run_events.metric_type, run.run_events.resource_type, config,
+                                        {metric_label("reason"): OneOf(reasons)})  # fmt: skip
 
 
 def _threshold(title: str, filter_: str, *, aligner: str, period: str, reducer: str, group_by: Sequence[str],

@@ -10,9 +10,9 @@ labels are `cluster` and `namespace`.
 
 from infra.config import StackConfig
 from infra.config.serving import SERVING_POOL
-from infra.observability.dashboard import _chart, _node_charts, _series
 from infra.catalog.names import NODE_POOL_LABEL
-from infra.observability.telemetry import node_label, resource_label
+from infra.observability.dashboard import chart, node_charts, series
+from infra.observability.telemetry import node_label, node_series, resource_label
 
 PROMETHEUS_TARGET = "prometheus_target"
 
@@ -29,20 +29,20 @@ def serving_charts(config: StackConfig) -> list[dict]:
         return []
 
     def total(name: str) -> dict:
-        return _series(_vllm(config, name, "gauge"), "ALIGN_MEAN", "REDUCE_SUM", ())
+        return series(_vllm(config, name, "gauge"), "ALIGN_MEAN", "REDUCE_SUM", ())
 
     def mean(name: str) -> dict:  # of every request's value in the period, over all replicas
-        return _series(_vllm(config, name, "histogram"), "ALIGN_DELTA", "REDUCE_MEAN", ())
+        return series(_vllm(config, name, "histogram"), "ALIGN_DELTA", "REDUCE_MEAN", ())
 
-    per_replica = _series(_vllm(config, "vllm:kv_cache_usage_perc", "gauge"), "ALIGN_MEAN", "REDUCE_MEAN",
+    per_replica = series(_vllm(config, "vllm:kv_cache_usage_perc", "gauge"), "ALIGN_MEAN", "REDUCE_MEAN",
                           (resource_label("instance"),))  # fmt: skip
     charts = [
-        _chart("Serving: requests running and waiting", [total("vllm:num_requests_running"), total("vllm:num_requests_waiting")],
+        chart("Serving: requests running and waiting", [total("vllm:num_requests_running"), total("vllm:num_requests_waiting")],
                "requests"),  # fmt: skip
-        _chart("Serving: time to first token, mean", [mean("vllm:time_to_first_token_seconds")], "s"),
-        _chart("Serving: request latency, mean", [mean("vllm:e2e_request_latency_seconds")], "s"),
-        _chart("Serving: KV cache used, per replica", [per_replica], "fraction"),
+        chart("Serving: time to first token, mean", [mean("vllm:time_to_first_token_seconds")], "s"),
+        chart("Serving: request latency, mean", [mean("vllm:e2e_request_latency_seconds")], "s"),
+        chart("Serving: KV cache used, per replica", [per_replica], "fraction"),
     ]
     if config.cluster_mode == "standard":
-        charts += _node_charts(config, SERVING_POOL, {node_label(NODE_POOL_LABEL): SERVING_POOL})
+        charts += node_charts(node_series(config, SERVING_POOL, {node_label(NODE_POOL_LABEL): SERVING_POOL}))
     return charts

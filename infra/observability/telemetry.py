@@ -1,7 +1,8 @@
 """The numbers the stack watches and where each comes from: GKE system metrics of the TPU nodes and
 the training containers, and the log-based metrics the stack defines on the trainer's JSON report
-lines and on the Kubernetes events of the training object. The dashboard (infra.observability.dashboard) and the
-alerts (infra.observability.alerts) name them through here, with Monitoring filters built here.
+lines and on the Kubernetes events of the training object. run_telemetry() gathers them once, as
+data: the dashboard (infra.observability.dashboard) charts what it is handed, the alerts
+(infra.observability.alerts) name their series through here, with Monitoring filters built here.
 
 Pure: config in, names, filters and metric definitions out (infra.observability.monitoring declares them).
 """
@@ -69,6 +70,7 @@ class LogMetric:
     filter: str  # Logging query language
     resource_type: str  # of the entries it counts, hence of its time series
     labels: Mapping[str, str]  # label -> extractor
+    series: str  # the Monitoring filter of its time series in the stack's cluster
     value_extractor: str | None = None
     unit: str = "1"
 
@@ -78,14 +80,30 @@ class LogMetric:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeSeries:
+    """TPU nodes charted together (a node pool, or every node Autopilot makes for the slice shape):
+    the Monitoring filters of their per-node series."""
+
+    title: str
+    tensorcore_utilization: str
+    duty_cycle: str
+    hbm_used: str
+    hbm_total: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunTelemetry:
-    """The stack's log-based metrics: what the trainer reports and what the controllers record."""
+    """What the stack watches of its runs: the log-based metrics (what the trainer reports, what the
+    controllers record) and the GKE series of its trainer containers and TPU nodes."""
 
     loss: LogMetric
     tokens_per_sec: LogMetric
     step_time: LogMetric
     run_events: LogMetric
     events: RunEvents  # of the stack's training object
+    container_restarts: str  # filter: every container of the training namespace
+    trainer_duty_cycle: str  # filter: the trainer containers' TPU duty cycle
+    tpu_nodes: tuple[NodeSeries, ...]  # each group of the stack's TPU nodes
 
     @property
     def log_metrics(self) -> tuple[LogMetric, ...]:
@@ -93,15 +111,16 @@ class RunTelemetry:
 
 
 def run_telemetry(config: StackConfig) -> RunTelemetry:
-    """The log-based metrics of `config`'s runs (every run of the stack's run name)."""
+    """What the stack watches of `config`'s runs (every run of the stack's run name)."""
     kind = names.run_kind(slices=config.tpu.slices, hosts_per_slice=config.slice.hosts)
+    run_events = _metric_name(config, "run_events")
     return RunTelemetry(
         loss=_reported(config, "loss", "Training loss", "1"),
         tokens_per_sec=_reported(config, "tokens_per_sec", "Training tokens per second (non-padding)", "1/s"),
         step_time=_reported(config, "step_time_s", "Seconds per training step", "s"),
         run_events=LogMetric(
             key="run_events",
-            name=_metric_name(config, "run_events"),
+            name=run_events,
             description=f"Kubernetes events of the training {kind}, by reason (created, restarted, failed, completed)",
             filter=_and(
                 f'logName = "projects/{config.project}/logs/{EVENTS_LOG}"',
@@ -113,9 +132,32 @@ def run_telemetry(config: StackConfig) -> RunTelemetry:
             ),
             resource_type=K8S_CLUSTER,
             labels={"reason": "EXTRACT(jsonPayload.reason)", "run": "EXTRACT(jsonPayload.involvedObject.name)"},
+            series=time_series_filter(USER_METRIC_PREFIX + run_events, K8S_CLUSTER, config),
         ),
         events=RUN_EVENTS[kind],
+        container_restarts=time_series_filter(CONTAINER_RESTARTS, K8S_CONTAINER, config, {resource_label("namespace_name"): config.namespace}),
+        trainer_duty_cycle=time_series_filter(CONTAINER_DUTY_CYCLE, K8S_CONTAINER, config, trainer_containers(config)),
+        tpu_nodes=tuple(node_series(config, title, selectors) for title, selectors in _node_groups(config).items()),
     )
+
+
+def _node_groups(config: StackConfig) -> dict[str, dict[str, str]]:
+    """Title -> selectors of the TPU nodes charted together: each node pool of a Standard cluster,
+    or all the nodes Autopilot provisions for the slice shape."""
+    if config.cluster_mode == "standard":
+        return {pool: {node_label(names.NODE_POOL_LABEL): pool} for pool in names.tpu_pool_names(config.tpu.slices)}
+    return {f"TPU nodes ({config.slice.gke_accelerator} {config.slice.topology})": tpu_nodes(config)}
+
+
+def node_series(config: StackConfig, title: str, selectors: Mapping[str, str]) -> NodeSeries:
+    """The series of the nodes `selectors` pick in the stack's cluster (infra.observability.serving_dashboard
+    charts the serving pool's too)."""
+
+    def of(metric_type: str) -> str:
+        return time_series_filter(metric_type, K8S_NODE, config, selectors)
+
+    return NodeSeries(title=title, tensorcore_utilization=of(NODE_TENSORCORE_UTILIZATION), duty_cycle=of(NODE_DUTY_CYCLE),
+                      hbm_used=of(NODE_HBM_USED), hbm_total=of(NODE_HBM_TOTAL))  # fmt: skip
 
 
 def run_object_pattern(config: StackConfig) -> str:
@@ -126,9 +168,10 @@ def run_object_pattern(config: StackConfig) -> str:
 
 def _reported(config: StackConfig, key: str, description: str, unit: str) -> LogMetric:
     """A distribution of one number of the trainer's JSON report lines (trainer.contract)."""
+    name = _metric_name(config, key)
     return LogMetric(
         key=key,
-        name=_metric_name(config, key),
+        name=name,
         description=description,
         filter=_and(
             f'resource.type = "{K8S_CONTAINER}"',
@@ -141,6 +184,7 @@ def _reported(config: StackConfig, key: str, description: str, unit: str) -> Log
         resource_type=K8S_CONTAINER,
         # A run's pods are named after it (<run>-<random> for a Job, <run>-slice-<j>-<p>-<random> for a JobSet).
         labels={"run": f'REGEXP_EXTRACT(resource.labels.pod_name, "^({run_object_pattern(config)})-")'},
+        series=time_series_filter(USER_METRIC_PREFIX + name, K8S_CONTAINER, config),
         value_extractor=f"EXTRACT(jsonPayload.{key})",
         unit=unit,
     )
@@ -184,11 +228,6 @@ def time_series_filter(metric_type: str, resource_type: str, config: StackConfig
     terms = {"metric.type": metric_type, "resource.type": resource_type, resource_label("cluster_name"): config.cluster_name,
              **(selectors or {})}  # fmt: skip
     return _and(*(f"{selector} = {_value(value)}" for selector, value in terms.items()))
-
-
-def log_metric_filter(metric: LogMetric, config: StackConfig, selectors: Mapping[str, str | OneOf] | None = None) -> str:
-    """The series of one of the stack's log-based metrics."""
-    return time_series_filter(metric.metric_type, metric.resource_type, config, selectors)
 
 
 def _value(value: str | OneOf) -> str:

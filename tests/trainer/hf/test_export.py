@@ -27,9 +27,9 @@ from trainer.config import parse_config
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 HF_PYTHON = os.environ.get("HF_PYTHON") or str(REPO / ".venv-hf" / "bin" / "python")
-# float32 on both sides: the exports agree with JAX to ~1e-5 (logits up to ~7); a swapped or transposed
-# weight is off by > 1e-2.
-TOLERANCE = 1e-4
+# float32 on both sides: the exports agree with JAX to 6.2e-6 at most (the rich config; 4e-7 the tiny
+# model's; logits up to ~7); a swapped or transposed weight is off by 0.2 or more.
+TOLERANCE = 1e-5
 FAST = ["--seq-len", "64", "--batch-size", "8", "--eval-fraction", "0", "--no-samples", "--steps", "3", "--lr", "3e-3"]
 TEXT = "Once upon a time,  a little dog ran.\nThe end! é 日本"
 

@@ -9,6 +9,7 @@ bandwidth is highest (as MaxText lays out multislice meshes).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -24,7 +25,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.config import format_mesh
-from trainer.errors import UserError
+from trainer.errors import UserError, entry_point
 
 BATCH_AXES = ("data", "fsdp")
 # Arrays smaller than this stay replicated: splitting norms and biases saves nothing and costs collectives.
@@ -141,6 +142,22 @@ def require_requested_platform() -> None:
             "node the pod must request google.com/tpu and its user must be able to open the TPU device files "
             "(docs/workloads.md, 'Non-root pods and the TPU'); unset JAX_PLATFORMS to let JAX choose"
         ) from None
+
+
+def jax_entry_point(prefix: str = ""):
+    """errors.entry_point for a CLI `main` that starts JAX: require_requested_platform runs first, so every
+    such command picks its backend alike, and a backend that does not start is one line and exit 2."""
+
+    def decorate(main):
+        @entry_point(prefix)
+        @functools.wraps(main)
+        def run(*args, **kwargs):
+            require_requested_platform()
+            return main(*args, **kwargs)
+
+        return run
+
+    return decorate
 
 
 def _free_port() -> int:

@@ -3,7 +3,7 @@
 Gemma 3 architectures with random weights and their full 262,144-entry vocabulary, on the benchmark's
 generated corpus and 512-piece tokenizer (no download). Each case (model, sequence length) runs each
 side in a process of its own (bench.device_side), one after the other, since a TPU admits one program
-at a time: from the case's first batch, halved while the step does not fit the device's memory, then
+at a time: from an estimate of the batch that fits, halved while the step does not fit the device's memory, then
 3 warm-up steps and 4 repeats of 5 steps (median). Ours is the trainer's own step (full fine-tune, or
 LoRA where the full fine-tune's float32 state cannot fit the chip: device_side.ours_lora_rank); the
 baseline is the tutorial's method (bfloat16 weights, full fine-tune). Per case and side: useful
@@ -37,7 +37,7 @@ from trainer.shared_files import replaced_atomically
 class Case:
     model: str
     seq_len: int
-    batch: int  # the first global batch tried
+    batch: int  # the largest global batch tried (bench.device_side.first_batch)
 
 
 # Sized for one 16 GiB TPU v5e chip; a larger device starts from the same batches.
@@ -48,6 +48,9 @@ DRY_RUN_SCHEDULE = (1, 2, 2)
 SIDES = ("ours", "baseline")
 TIME_LIMIT_S = 480
 MIN_SIDE_S = 45  # a side that cannot have this long before the limit is not started
+# A TPU can refuse a program started just after another ended (libtpu's lock file): a side that fails this
+# early is started once more after a pause.
+EARLY_FAILURE_S, RETRY_PAUSE_S = 30, 5
 
 
 def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float) -> dict:
@@ -60,6 +63,9 @@ def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float) -
         start = time.perf_counter()
         try:
             process = subprocess.run(command, timeout=timeout)
+            if process.returncode != 0 and time.perf_counter() - start < EARLY_FAILURE_S:
+                time.sleep(RETRY_PAUSE_S)
+                process = subprocess.run(command, timeout=timeout - (time.perf_counter() - start))
         except subprocess.TimeoutExpired:
             return {"side": side, "skipped": f"ran past the time limit after {time.perf_counter() - start:.0f} s"}
         if process.returncode != 0 or not os.path.exists(result):
@@ -122,7 +128,7 @@ def main(argv=None) -> int:
             if left < MIN_SIDE_S and not args.dry_run:
                 results[side] = {"side": side, "skipped": f"not started: {left:.0f} s of the time limit left"}
                 continue
-            print(f"[device] {case.model} @ {case.seq_len}, {side}: first batch {case.batch}, {left:.0f} s left", flush=True)
+            print(f"[device] {case.model} @ {case.seq_len}, {side}: batch at most {case.batch}, {left:.0f} s left", flush=True)
             results[side] = run_side(side, case, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
                                      workdir=args.workdir, timeout=left)
         cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results)})

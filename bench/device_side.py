@@ -10,9 +10,9 @@ device's peak, and the compiler's roofline bound against the measured step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
+import math
 import statistics
 import sys
 
@@ -33,12 +33,31 @@ LORA_RANK = 16  # ours when the full fine-tune's float32 state does not fit the 
 # gradients and AdamW's two moments.
 FULL_STATE_BYTES_PER_PARAM = 16
 STATE_SHARE = 0.8  # of the device's memory, the most that state may take and leave room for a step's activations
+# The first batch's estimate (rounded up to a power of two; halving corrects an overshoot): bytes of state per
+# parameter, and per position the layers' saved activations (bfloat16, about 12 x the width and 4 x the
+# feed-forward's per layer) plus, for the baseline, its full logits (bfloat16, and float32 in the loss).
+STATE_BYTES_PER_PARAM = {"ours": FULL_STATE_BYTES_PER_PARAM, "ours/lora": 2, "baseline": 8}
+BASELINE_LOGIT_BYTES = 2 + 4 + 2
+USABLE_SHARE = 0.9  # of the device's memory
 
 
 def ours_lora_rank(model_config, bytes_limit: int | None) -> int:
     """0 (full fine-tune) where its state fits the device's memory, else LORA_RANK."""
     state = flops.param_count(model_config) * FULL_STATE_BYTES_PER_PARAM
     return LORA_RANK if bytes_limit is not None and state > STATE_SHARE * bytes_limit else 0
+
+
+def first_batch(side: str, model_config, *, seq_len: int, lora_rank: int, bytes_limit: int | None, cap: int) -> int:
+    """The batch to try first: `cap` where the device reports no memory, else the estimate of what fits."""
+    if bytes_limit is None:
+        return cap
+    key = "ours/lora" if side == "ours" and lora_rank else side
+    state = flops.param_count(model_config) * STATE_BYTES_PER_PARAM[key]
+    per_position = model_config.num_layers * (12 * model_config.embed_dim + 4 * model_config.hidden_dim) * 2
+    if side == "baseline":
+        per_position += model_config.num_embed * BASELINE_LOGIT_BYTES
+    rows = max(1.0, (USABLE_SHARE * bytes_limit - state) / (per_position * seq_len))
+    return min(cap, 1 << math.ceil(math.log2(rows)))
 
 
 def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch: int, lora_rank: int) -> Side:
@@ -92,7 +111,9 @@ def run(args) -> dict:
     lora_rank = ours_lora_rank(model_config, bytes_limit) if args.side == "ours" else 0
     schedule = Schedule(*args.schedule)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=args.batch,
+    batch = first_batch(args.side, model_config, seq_len=args.seq_len, lora_rank=lora_rank, bytes_limit=bytes_limit,
+                        cap=args.batch)
+    side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=batch,
                                     lora_rank=lora_rank, schedule=schedule, log=log)
     step_s = statistics.median(repeats.step_times)
     flops_per_token = flops.training_flops_per_token(model_config, args.seq_len, lora_rank=lora_rank)
@@ -129,7 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--side", choices=("ours", "baseline"), required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--batch", type=int, required=True, help="the first global batch tried; halved while it does not fit")
+    parser.add_argument("--batch", type=int, required=True,
+                        help="the largest global batch tried: the first is the estimate of what fits, halved while it does not")
     parser.add_argument("--schedule", type=int, nargs=3, metavar=("WARMUP", "REPEATS", "STEPS"), required=True)
     parser.add_argument("--result", required=True, help="JSON file the figures are written to")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)

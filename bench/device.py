@@ -53,13 +53,13 @@ MIN_SIDE_S = 45  # a side that cannot have this long before the limit is not sta
 EARLY_FAILURE_S, RETRY_PAUSE_S = 30, 5
 
 
-def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float) -> dict:
+def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, accelerator: bool) -> dict:
     """One side of `case` in its own process; its figures, or why there are none."""
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
         command = [sys.executable, "-m", "bench.device_side", "--side", side, "--model", case.model,
                    "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule),
-                   "--result", result, "--workdir", workdir]
+                   "--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else [])]
         start = time.perf_counter()
         try:
             process = subprocess.run(command, timeout=timeout)
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                 continue
             print(f"[device] {case.model} @ {case.seq_len}, {side}: batch at most {case.batch}, {left:.0f} s left", flush=True)
             results[side] = run_side(side, case, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
-                                     workdir=args.workdir, timeout=left)
+                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run)
         cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results)})
     report = {"dry_run": args.dry_run, "time_limit_s": args.time_limit, "elapsed_s": time.perf_counter() - start,
               "jax": jax.__version__, "cases": cases}

@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import statistics
 import sys
 
@@ -24,8 +25,8 @@ from bench.ours import Ours
 from bench.side import Side
 from bench.stats import spread
 from bench.throughput import Schedule, measure
-from trainer import hbm, models
-from trainer.mesh import jax_entry_point
+from trainer import hbm, mesh, models
+from trainer.errors import UserError
 from trainer.measure import flops, hardware
 
 LORA_RANK = 16  # ours when the full fine-tune's float32 state does not fit the chip
@@ -104,6 +105,10 @@ def roofline(costs: dict, model_flops: float, chip: hardware.Chip | None) -> dic
 
 def run(args) -> dict:
     device = jax.devices()[0]
+    if args.accelerator and device.platform == "cpu":
+        raise UserError(f"no accelerator: JAX's first device is {device.device_kind!r} (JAX_PLATFORMS="
+                        f"{os.environ.get('JAX_PLATFORMS', '')!r}, TPU chips found: {mesh.tpu_chips_attached()}); "
+                        "set JAX_PLATFORMS=tpu to require one, or run bench.device with --dry-run")
     stats = device.memory_stats() or {}
     bytes_limit = stats.get("bytes_limit")
     inputs = inputs_lib.build_inputs(args.workdir)
@@ -144,7 +149,7 @@ def run(args) -> dict:
     return result
 
 
-@jax_entry_point("bench.device_side: ")
+@mesh.jax_entry_point("bench.device_side: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.device_side", description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("ours", "baseline"), required=True)
@@ -155,6 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--schedule", type=int, nargs=3, metavar=("WARMUP", "REPEATS", "STEPS"), required=True)
     parser.add_argument("--result", required=True, help="JSON file the figures are written to")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)
+    parser.add_argument("--accelerator", action="store_true", help="refuse to measure on the CPU")
     args = parser.parse_args(argv)
     with open(args.result, "w") as out:
         json.dump(run(args), out)

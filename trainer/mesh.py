@@ -10,6 +10,7 @@ bandwidth is highest (as MaxText lays out multislice meshes).
 from __future__ import annotations
 
 import functools
+import glob
 import importlib.util
 import math
 import os
@@ -44,10 +45,12 @@ def _installed(plugin: str) -> bool:
 
 
 def tpu_chips_attached() -> int:
-    """TPU chips on this machine's PCI bus (JAX's own test, read without starting libtpu)."""
+    """TPU chips on this machine's PCI bus (JAX's own test, read without starting libtpu), or where a
+    sandbox shows no PCI bus (gVisor), the TPU device files libtpu opens (/dev/accel*, /dev/vfio/N)."""
     from jax._src import hardware_utils
 
-    return hardware_utils.num_available_tpu_chips_and_device_id()[0]
+    return (hardware_utils.num_available_tpu_chips_and_device_id()[0] or len(glob.glob("/dev/accel[0-9]*"))
+            or len(glob.glob("/dev/vfio/[0-9]*")))
 
 
 def _accelerator_installed() -> bool:

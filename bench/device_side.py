@@ -69,7 +69,8 @@ def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_le
 
 
 def out_of_memory(error: Exception) -> bool:
-    return isinstance(error, hbm.MemoryRefusal) or hbm.memory_refusal(error) is not None or "RESOURCE_EXHAUSTED" in str(error)
+    """The trainer's refusal (trainer.hbm), or the compiler's or the device's own (XLA's RESOURCE_EXHAUSTED)."""
+    return isinstance(error, hbm.MemoryRefusal) or "RESOURCE_EXHAUSTED" in str(error)
 
 
 def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, lora_rank: int, schedule: Schedule, log):

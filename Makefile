@@ -38,7 +38,7 @@ setup: $(STAMP)
 # Installed from the locks: every package at its pinned version and file hash (docs/dependencies.md): the
 # trainer image's packages (trainer/Dockerfile installs trainer/requirements.lock, which requirements-dev.lock
 # holds at the same versions), Pulumi, the test tools, and the gemma stack (requirements-gemma.lock, --no-deps)
-# for the tests that compare the trainer with gemma and the benchmark baseline; the image has no gemma.
+# for the tests that compare the trainer with gemma; the image has no gemma.
 $(STAMP): requirements-dev.lock requirements-gemma.lock
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)

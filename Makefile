@@ -17,14 +17,15 @@ PYTHON311 := $(shell for p in python3.11 /usr/local/bin/python3.11 /usr/bin/pyth
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: help setup test demo chat-demo render fit policy-check image-check lock lock-hf bench bench-quick bench-h200
+.PHONY: help setup test demo chat-demo render fit policy-check image-check lock lock-hf bench bench-quick bench-device device-wheels
 STACK ?= dev
 help:
 	@echo "make demo   local fine-tune of a tiny Gemma-architecture model on CPU (runs/demo)"
 	@echo "make test   the test suite (offline)"
 	@echo "make chat-demo   a chat fine-tune of the tiny model on CPU, exported and answered through transformers (runs/chat-demo)"
 	@echo "make bench-quick   CPU benchmarks against the tutorial's method, ~3 min (make bench: full, ~30 min; BENCHMARKS.md)"
-	@echo "make bench-h200   the accelerator benchmark, on a machine with an NVIDIA H200 and jax[cuda12]"
+	@echo "make device-wheels   the wheels bench/device_command.sh installs on the lent TPU machine, into .device-wheels (PyPI, 34 MiB)"
+	@echo "make bench-device   the accelerator benchmark on this machine's accelerator, figures in bench-device.json (under 8 min)"
 	@echo "make image-check   the trainer image's packages in a fresh virtualenv: their size, and the trainer run on them (PyPI, ~4 min)"
 	@echo "make policy-check STACK=dev   the policy pack on the stack's offline preview"
 	@echo "make lock   re-resolve the dependency locks from the pins (network; docs/dependencies.md)"
@@ -37,7 +38,7 @@ setup: $(STAMP)
 # Installed from the locks: every package at its pinned version and file hash (docs/dependencies.md): the
 # trainer image's packages (trainer/Dockerfile installs trainer/requirements.lock, which requirements-dev.lock
 # holds at the same versions), Pulumi, the test tools, and the gemma stack (requirements-gemma.lock, --no-deps)
-# for the tests that compare the trainer with gemma and the benchmark baseline; the image has no gemma.
+# for the tests that compare the trainer with gemma; the image has no gemma.
 $(STAMP): requirements-dev.lock requirements-gemma.lock
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
@@ -75,8 +76,11 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(PY) -m bench --quick
 
-bench-h200: $(STAMP)
-	$(PY) -m bench.h200
+bench-device: $(STAMP)
+	$(PY) -m bench.device --out bench-device.json
+
+device-wheels: $(STAMP)
+	$(PY) -m bench.device_wheels
 
 # The trainer image's package set, installed with trainer/Dockerfile's pip line into a virtualenv under /tmp.
 image-check:

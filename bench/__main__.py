@@ -14,6 +14,7 @@ import time
 from importlib import metadata
 
 from bench import data_pipeline, inputs as inputs_lib, throughput
+from trainer.mesh import jax_entry_point
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "gemma", "grain", "sentencepiece", "array_record")
 
@@ -27,6 +28,7 @@ def cpu_model() -> str:
     return f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs"
 
 
+@jax_entry_point("bench: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller data inputs (a few minutes)")

@@ -8,11 +8,15 @@
 - `flax.training.train_state.TrainState` holding the parameters and the optax AdamW state.
 
 Only the inputs are shared with our side: the same model config, initial weights, tokenizer,
-documents, sequence length and global batch.
+documents, sequence length and global batch. The tutorial builds the gemma package's Transformer;
+this builds ours (trainer.gemma3, the same function of the same weights: tests/trainer/test_gemma3.py),
+with gemma's full [batch, length, vocabulary] logits and its masking of padding, so that the benchmark
+needs neither gemma nor the TensorFlow it brings.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -20,11 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state
-from gemma import gm
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bench.side import Side, StepCounts
-from trainer.gemma3.config import Attention, Gemma3Config
+from trainer import models
 from trainer.config import TrainConfig
 from trainer.data.tokenizer import Tokenizer
 
@@ -39,29 +42,21 @@ def tokenize_row(tokenizer: Tokenizer, text: str, seq_len: int) -> tuple[np.ndar
     return row, len(ids) - len(kept)
 
 
-def train_step(state: train_state.TrainState, inputs, targets):
+def logits(model, params, inputs, *, pad_id: int, softcap: float | None):
+    """gemma's Transformer's output: a document's positions never attend to padding (segment 0 against
+    the document's 1), and the final logits are soft-capped."""
+    hidden = model.apply({"params": params}, inputs, segment_ids=(inputs != pad_id).astype(jnp.int32))
+    out = jnp.einsum("bld,vd->blv", hidden, params["embedder"]["input_embedding"])
+    return out if softcap is None else jnp.tanh(out / softcap) * softcap
+
+
+def train_step(state: train_state.TrainState, inputs, targets, *, pad_id: int, softcap: float | None):
     def mean_loss(params):
-        logits = state.apply_fn({"params": params}, inputs).logits  # the model masks id 0 out of attention itself
-        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits(state.apply_fn, params, inputs, pad_id=pad_id, softcap=softcap), targets).mean()
 
     loss, grads = jax.value_and_grad(mean_loss)(state.params)
     return state.apply_gradients(grads=grads), loss
-
-
-def gemma_config(config: Gemma3Config) -> gm.nn.config.TransformerConfig:
-    """The gemma package's config of one of our architectures (the tutorial builds gemma's own model)."""
-    kinds = {Attention.LOCAL: gm.nn.AttentionType.LOCAL_SLIDING, Attention.GLOBAL: gm.nn.AttentionType.GLOBAL}
-    norms = {config.head_dim: gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
-             config.embed_dim // config.num_heads: gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS}
-    return gm.nn.config.TransformerConfig(
-        num_embed=config.num_embed, embed_dim=config.embed_dim, hidden_dim=config.hidden_dim,
-        num_heads=config.num_heads, head_dim=config.head_dim, num_kv_heads=config.num_kv_heads,
-        attention_types=tuple(kinds[kind] for kind in config.attention_types),
-        final_logit_softcap=config.final_logit_softcap, use_post_attn_norm=True, use_post_ffw_norm=True, use_qk_norm=True,
-        query_pre_attn_norm=norms[config.query_pre_attn_scalar], sliding_window_size=config.sliding_window_size,
-        transpose_gating_einsum=True, local_base_frequency=config.local_base_frequency,
-        global_base_frequency=config.global_base_frequency, global_scale_factor=config.global_scale_factor,
-    )
 
 
 class Baseline(Side):
@@ -74,12 +69,13 @@ class Baseline(Side):
         self.tokenizer, self.seq_len, self.batch_size = tokenizer, seq_len, batch_size
         self._documents = itertools.cycle(documents)
         self._batch_sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
-        model = gm.nn.Transformer(config=gemma_config(model_config), dtype=jnp.bfloat16)
+        model = models.build_model(model_config, dtype=jnp.bfloat16)
         bf16_params = jax.device_put(jax.tree.map(lambda p: p.astype(jnp.bfloat16), params),
                                      NamedSharding(self.mesh, PartitionSpec()))
-        self.state = train_state.TrainState.create(apply_fn=model.apply, params=bf16_params,
+        self.state = train_state.TrainState.create(apply_fn=model, params=bf16_params,
                                                    tx=optax.adamw(learning_rate=TrainConfig().lr))
-        self._train_step = jax.jit(train_step, donate_argnums=0)
+        self._train_step = jax.jit(functools.partial(train_step, pad_id=tokenizer.pad_id,
+                                                     softcap=model_config.final_logit_softcap), donate_argnums=0)
         self._trained_targets = self._cut_targets = 0
 
     def _next_batch(self) -> tuple[jax.Array, jax.Array, StepCounts]:
@@ -92,9 +88,9 @@ class Baseline(Side):
         self._cut_targets += sum(cut)
         return jax.device_put(inputs, self._batch_sharding), jax.device_put(targets, self._batch_sharding), counts
 
-    def _lower(self):
+    def _build(self):
         inputs, targets, _ = self._next_batch()
-        return self._train_step.lower(self.state, inputs, targets)
+        return self._train_step.lower(self.state, inputs, targets).compile()
 
     def _dispatch(self, compiled):
         inputs, targets, counts = self._next_batch()

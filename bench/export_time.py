@@ -6,21 +6,24 @@ Random weights: the export's time depends on the tensors' sizes, not their value
 
 import argparse
 import pathlib
+import sys
 import tempfile
 import time
 
 from trainer.hf import export
 
 from trainer import models
+from trainer.mesh import jax_entry_point
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.data.corpus import write_corpus
 
 
-def main() -> None:
+@jax_entry_point("bench.export_time: ")
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.export_time")
     parser.add_argument("--model", default="tiny", choices=("tiny", "gemma3-270m"))
     parser.add_argument("--dtype", default="bfloat16", choices=tuple(export.DTYPES))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = pathlib.Path(scratch)
         tokenizer_path = tokenizer_lib.train_tokenizer(write_corpus(scratch / "corpus.txt", num_stories=400, seed=0),
@@ -38,4 +41,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,8 +27,8 @@ class Side(abc.ABC):
         self.compile_s: float | None = None
 
     @abc.abstractmethod
-    def _lower(self):
-        """The jit step lowered on the first batch (jax.stages.Lowered)."""
+    def _build(self):
+        """The jit step compiled for this side's batches (jax.stages.Compiled)."""
 
     @abc.abstractmethod
     def _dispatch(self, compiled) -> tuple[StepCounts, object]:
@@ -39,7 +39,7 @@ class Side(abc.ABC):
         if self._compiled is not None:
             return
         start = time.perf_counter()
-        self._compiled = self._lower().compile()
+        self._compiled = self._build()
         self.compile_s = time.perf_counter() - start
 
     def step(self) -> StepCounts:
@@ -59,6 +59,11 @@ class Side(abc.ABC):
     def memory_analysis(self):
         """XLA's memory figures of the compiled step (jax CompiledMemoryStats), or None where unsupported."""
         return self._compiled.memory_analysis()
+
+    def cost_analysis(self) -> dict:
+        """XLA's cost figures of the compiled step ("flops", "bytes accessed", ...); {} where unsupported."""
+        costs = self._compiled.cost_analysis()
+        return (costs[0] if isinstance(costs, list) else costs) or {}
 
     def step_memory_bytes(self) -> int | None:
         """XLA's figure for the compiled step: arguments + outputs (less donated aliases) + temporaries."""

@@ -27,6 +27,7 @@ from trainer import hardware
 from trainer import models
 from trainer.config import PRESET_VALUES, TINY, TrainConfig
 from trainer.gemma3.config import Gemma3Config
+from trainer.mesh import jax_entry_point
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,6 +142,7 @@ def run(config: BenchConfig, inputs: inputs_lib.BenchInputs, schedule: Schedule,
     return results
 
 
+@jax_entry_point("bench.throughput: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), action="append", help="configuration(s) to run (default: all)")

@@ -18,7 +18,12 @@ import os
 import sys
 import time
 
+import jax
 
+from trainer.mesh import jax_entry_point
+
+
+@jax_entry_point("bench.tpu_fit: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tpu_fit", description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="default: gemma3-270m and gemma3-1b")
@@ -31,7 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--extra", action="append", default=[], help="a trainer flag for every run, e.g. --extra=--remat=full")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    jax.config.update("jax_platforms", "cpu")  # it compiles for the TPU slice it describes and runs nothing
 
     from trainer.config import parse_config
     from trainer.measure import compiled

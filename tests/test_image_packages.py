@@ -1,8 +1,8 @@
 """The trainer image's package set (docs/dependencies.md): only what the trainer imports, jax[tpu]'s libtpu
 and their dependencies, with none of gemma, kauldron, dialog or TensorFlow. The dev venv adds the gemma stack
-(requirements-gemma.lock, installed without its declared dependencies) for the comparison tests and the
-benchmark baseline, so the dev lock must hold what that stack does need, at versions it accepts, and nothing
-of what was left out; and the tests run on the image's set.
+(requirements-gemma.lock, installed without its declared dependencies) for the comparison tests, so the
+dev lock must hold what that stack does need, at versions it accepts, and nothing of what was left out;
+and the tests run on the image's set.
 
 `python -m bench.image` installs the set as the Dockerfile does and runs the trainer on it (needs PyPI)."""
 
@@ -20,8 +20,8 @@ IMAGE_LOCK, DEV_LOCK = "trainer/requirements.lock", "requirements-dev.lock"
 # The trainer imports none of these: their return to the image's lock (through a new pin or a dependency)
 # brings back the 1.3 GB that leaving them out saved.
 NOT_IN_THE_IMAGE = {"gemma", "kauldron", "dialog", "tensorflow", "tensorflow-cpu", "tensorflow-datasets"}
-# What the gemma stack declares and never imports: with these absent its comparison tests and the baseline
-# run; with their own dependencies, 119 packages and 1.1 GB.
+# What the gemma stack declares and never imports: with these absent its comparison tests run; with their
+# own dependencies, 119 packages and 1.1 GB.
 LEFT_OUT = {
     "gemma": {"fastmcp", "mcp"},  # an MCP server for gemma's tools
     "dialog": {"anywidget", "mcp"},  # notebook widgets, MCP

@@ -9,6 +9,8 @@ bandwidth is highest (as MaxText lays out multislice meshes).
 
 from __future__ import annotations
 
+import functools
+import glob
 import importlib.util
 import math
 import os
@@ -24,7 +26,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.config import format_mesh
-from trainer.errors import UserError
+from trainer.errors import UserError, entry_point
 
 BATCH_AXES = ("data", "fsdp")
 # Arrays smaller than this stay replicated: splitting norms and biases saves nothing and costs collectives.
@@ -43,10 +45,12 @@ def _installed(plugin: str) -> bool:
 
 
 def tpu_chips_attached() -> int:
-    """TPU chips on this machine's PCI bus (JAX's own test, read without starting libtpu)."""
+    """TPU chips on this machine's PCI bus (JAX's own test, read without starting libtpu), or where a
+    sandbox shows no PCI bus (gVisor), the TPU device files libtpu opens (/dev/accel*, /dev/vfio/N)."""
     from jax._src import hardware_utils
 
-    return hardware_utils.num_available_tpu_chips_and_device_id()[0]
+    return (hardware_utils.num_available_tpu_chips_and_device_id()[0] or len(glob.glob("/dev/accel[0-9]*"))
+            or len(glob.glob("/dev/vfio/[0-9]*")))
 
 
 def _accelerator_installed() -> bool:
@@ -141,6 +145,22 @@ def require_requested_platform() -> None:
             "node the pod must request google.com/tpu and its user must be able to open the TPU device files "
             "(docs/workloads.md, 'Non-root pods and the TPU'); unset JAX_PLATFORMS to let JAX choose"
         ) from None
+
+
+def jax_entry_point(prefix: str = ""):
+    """errors.entry_point for a CLI `main` that starts JAX: require_requested_platform runs first, so every
+    such command picks its backend alike, and a backend that does not start is one line and exit 2."""
+
+    def decorate(main):
+        @entry_point(prefix)
+        @functools.wraps(main)
+        def run(*args, **kwargs):
+            require_requested_platform()
+            return main(*args, **kwargs)
+
+        return run
+
+    return decorate
 
 
 def _free_port() -> int:

@@ -14,13 +14,29 @@ import pytest
 from gemma import gm, peft
 
 import trainer
-from bench.baseline import gemma_config
 from trainer import loss, models
 from trainer.gemma3 import config as gemma3_config
+from trainer.gemma3.config import Attention, Gemma3Config
 from trainer.gemma3.model import packed_mask
 
 GEMMA_CLASSES = {"gemma3-270m": "Gemma3_270M", "gemma3-1b": "Gemma3_1B", "gemma3-4b": "Gemma3_4B", "gemma3-12b": "Gemma3_12B",
                  "gemma3-27b": "Gemma3_27B"}
+
+
+def gemma_config(config: Gemma3Config) -> gm.nn.config.TransformerConfig:
+    """The gemma package's config of one of our architectures."""
+    kinds = {Attention.LOCAL: gm.nn.AttentionType.LOCAL_SLIDING, Attention.GLOBAL: gm.nn.AttentionType.GLOBAL}
+    norms = {config.head_dim: gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+             config.embed_dim // config.num_heads: gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS}
+    return gm.nn.config.TransformerConfig(
+        num_embed=config.num_embed, embed_dim=config.embed_dim, hidden_dim=config.hidden_dim,
+        num_heads=config.num_heads, head_dim=config.head_dim, num_kv_heads=config.num_kv_heads,
+        attention_types=tuple(kinds[kind] for kind in config.attention_types),
+        final_logit_softcap=config.final_logit_softcap, use_post_attn_norm=True, use_post_ffw_norm=True, use_qk_norm=True,
+        query_pre_attn_norm=norms[config.query_pre_attn_scalar], sliding_window_size=config.sliding_window_size,
+        transpose_gating_einsum=True, local_base_frequency=config.local_base_frequency,
+        global_base_frequency=config.global_base_frequency, global_scale_factor=config.global_scale_factor,
+    )
 
 
 def gemma_model(config, lora_rank=0):

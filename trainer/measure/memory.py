@@ -29,7 +29,8 @@ import sys
 
 from trainer.measure import flops
 from trainer import hardware
-from trainer.errors import UserError, entry_point
+from trainer.errors import UserError
+from trainer.mesh import jax_entry_point
 
 _BF16 = 2
 _F32 = 4
@@ -130,7 +131,7 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-@entry_point()
+@jax_entry_point()
 def main(argv=None) -> int | None:
     from trainer import config, models  # gemma's import is slow: only the CLI pays for it
 

@@ -19,7 +19,7 @@ import sys
 
 from trainer import hbm
 from trainer.config import GEMMA3_MODELS
-from trainer.errors import entry_point
+from trainer.mesh import jax_entry_point
 from trainer.measure import memory
 
 TABLE_JSON = pathlib.Path(__file__).resolve().parents[2] / "docs" / "memory-table.json"
@@ -108,7 +108,7 @@ def read_entries(path: pathlib.Path = TABLE_JSON) -> list[dict]:
     return json.loads(path.read_text())["entries"]
 
 
-@entry_point()
+@jax_entry_point()
 def main(argv=None) -> int | None:
     parser = argparse.ArgumentParser(prog="python -m trainer.measure.memory_table", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gemma3-270m", "gemma3-1b"], help="models to compile")

@@ -1,0 +1,145 @@
+"""Ours against the tutorial's method on the accelerator this machine has: `python -m bench.device --out R.json`.
+
+Gemma 3 architectures with random weights and their full 262,144-entry vocabulary, on the benchmark's
+generated corpus and 512-piece tokenizer (no download). Each case (model, sequence length) runs each
+side in a process of its own (bench.device_side), one after the other, since a TPU admits one program
+at a time: from an estimate of the batch that fits, halved while the step does not fit the device's memory, then
+3 warm-up steps and 4 repeats of 5 steps (median). Ours is the trainer's own step (full fine-tune, or
+LoRA where the full fine-tune's float32 state cannot fit the chip: device_side.ours_lora_rank); the
+baseline is the tutorial's method (bfloat16 weights, full fine-tune). Per case and side: useful
+tokens/s, MFU, step time, compiled step memory against the device's peak, the compiler's roofline
+bound against the measured step; per case the ratio ours/baseline of useful tokens/s. The whole run
+keeps to --time-limit: a side that would start past it, or runs over it, is skipped and said so.
+The figures go to --out (JSON, written whole or not at all) and a table is printed.
+
+`--dry-run` does the same on the CPU with the tiny model, one small case, in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+
+from bench import inputs as inputs_lib
+from trainer.mesh import jax_entry_point
+from trainer.shared_files import replaced_atomically
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    model: str
+    seq_len: int
+    batch: int  # the largest global batch tried (bench.device_side.first_batch)
+
+
+# Sized for one 16 GiB TPU v5e chip; a larger device starts from the same batches.
+CASES = (Case("gemma3-270m", 1024, 64), Case("gemma3-1b", 1024, 32), Case("gemma3-1b", 4096, 8))
+DRY_RUN_CASES = (Case("tiny", 64, 8),)
+SCHEDULE = (3, 4, 5)  # warm-up steps, repeats, steps per repeat
+DRY_RUN_SCHEDULE = (1, 2, 2)
+SIDES = ("ours", "baseline")
+TIME_LIMIT_S = 480
+MIN_SIDE_S = 45  # a side that cannot have this long before the limit is not started
+# A TPU can refuse a program started just after another ended (libtpu's lock file): a side that fails this
+# early is started once more after a pause.
+EARLY_FAILURE_S, RETRY_PAUSE_S = 30, 5
+
+
+def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, accelerator: bool) -> dict:
+    """One side of `case` in its own process; its figures, or why there are none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        command = [sys.executable, "-m", "bench.device_side", "--side", side, "--model", case.model,
+                   "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule),
+                   "--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else [])]
+        start = time.perf_counter()
+        try:
+            process = subprocess.run(command, timeout=timeout)
+            if process.returncode != 0 and time.perf_counter() - start < EARLY_FAILURE_S:
+                time.sleep(RETRY_PAUSE_S)
+                process = subprocess.run(command, timeout=timeout - (time.perf_counter() - start))
+        except subprocess.TimeoutExpired:
+            return {"side": side, "skipped": f"ran past the time limit after {time.perf_counter() - start:.0f} s"}
+        if process.returncode != 0 or not os.path.exists(result):
+            return {"side": side, "failed": f"exit {process.returncode} (its error is above)"}
+        with open(result) as figures:
+            return json.load(figures)
+
+
+def ratio(results: dict) -> float | None:
+    ours, baseline = results.get("ours", {}), results.get("baseline", {})
+    if "useful_tokens_per_s" in ours and "useful_tokens_per_s" in baseline:
+        return ours["useful_tokens_per_s"] / baseline["useful_tokens_per_s"]
+    return None
+
+
+def percent(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def gib(value) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def print_table(cases: list[dict]) -> None:
+    print("| model | seq | side | training | batch | useful tok/s | MFU | step | compiled step | device peak | bound | measured/bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for case in cases:
+        for side in SIDES:
+            r = case["sides"].get(side, {})
+            if "step_s" not in r:
+                print(f"| {case['model']} | {case['seq_len']} | {side} | {r.get('skipped') or r.get('failed')} |||||||||")
+                continue
+            bound = "n/a" if r["bound_s"] is None else f"{r['bound_s'] * 1e3:.0f} ms ({r['bound_by']})"
+            over = "n/a" if r["measured_over_bound"] is None else f"{r['measured_over_bound']:.2f}x"
+            print(f"| {case['model']} | {case['seq_len']} | {side} | {r['training']} | {r['batch']} | "
+                  f"{r['useful_tokens_per_s']:,.0f} | {percent(r['mfu'])} | {r['step_s'] * 1e3:.0f} ms | "
+                  f"{gib(r['compiled_step_bytes'])} | {gib(r['device_peak_bytes'])} | {bound} | {over} |")
+        if case["ours_over_baseline"] is not None:
+            print(f"  {case['model']} @ {case['seq_len']}: ours/baseline, useful tokens/s: {case['ours_over_baseline']:.2f}x")
+
+
+@jax_entry_point("bench.device: ")
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.device", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="the JSON file the figures are written to")
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU, with the tiny model and one small case")
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help=f"seconds for the whole run (default {TIME_LIMIT_S})")
+    parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="where the generated inputs are cached")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
+    jax.config.update("jax_platforms", "cpu")
+    inputs = inputs_lib.build_inputs(args.workdir)
+    print(f"  {inputs_lib.length_distribution(inputs, 1024)}", flush=True)
+    cases = []
+    for case in DRY_RUN_CASES if args.dry_run else CASES:
+        results = {}
+        for side in SIDES:
+            left = args.time_limit - (time.perf_counter() - start)
+            if left < MIN_SIDE_S and not args.dry_run:
+                results[side] = {"side": side, "skipped": f"not started: {left:.0f} s of the time limit left"}
+                continue
+            print(f"[device] {case.model} @ {case.seq_len}, {side}: batch at most {case.batch}, {left:.0f} s left", flush=True)
+            results[side] = run_side(side, case, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
+                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run)
+        cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results)})
+    report = {"dry_run": args.dry_run, "time_limit_s": args.time_limit, "elapsed_s": time.perf_counter() - start,
+              "jax": jax.__version__, "cases": cases}
+    with replaced_atomically(args.out) as temporary:
+        temporary.write_text(json.dumps(report, indent=1))
+    print_table(cases)
+    print(f"done in {report['elapsed_s']:.0f} s; figures in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

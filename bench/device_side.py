@@ -1,0 +1,172 @@
+"""One side of one accelerator-benchmark case, in a process of its own (bench.device starts it).
+
+`python -m bench.device_side --side ours --model gemma3-270m --seq-len 1024 --batch 64 --result R.json`
+holds the chip for this side alone (a TPU admits one program at a time), halves the batch while the
+step does not fit the device's memory, times it (warm-up, then repeats of back-to-back steps) and
+writes its figures to R.json: useful tokens/s, MFU, step time, compiled step memory against the
+device's peak, and the compiler's roofline bound against the measured step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+
+import jax
+
+from bench import inputs as inputs_lib
+from bench.baseline import Baseline
+from bench.ours import Ours
+from bench.side import Side
+from bench.stats import spread
+from bench.throughput import Schedule, measure
+from trainer import hbm, mesh, models
+from trainer.errors import UserError
+from trainer.measure import flops, hardware
+
+LORA_RANK = 16  # ours when the full fine-tune's float32 state does not fit the chip
+# Bytes per parameter a full fine-tune of ours keeps on the chip besides activations: float32 weights,
+# gradients and AdamW's two moments.
+FULL_STATE_BYTES_PER_PARAM = 16
+STATE_SHARE = 0.8  # of the device's memory, the most that state may take and leave room for a step's activations
+# The first batch's estimate (rounded up to a power of two; halving corrects an overshoot): bytes of state per
+# parameter, and per position the layers' saved activations (bfloat16, about 12 x the width and 4 x the
+# feed-forward's per layer) plus, for the baseline, its full logits (bfloat16, and float32 in the loss).
+STATE_BYTES_PER_PARAM = {"ours": FULL_STATE_BYTES_PER_PARAM, "ours/lora": 2, "baseline": 8}
+BASELINE_LOGIT_BYTES = 2 + 4 + 2
+USABLE_SHARE = 0.9  # of the device's memory
+
+
+def ours_lora_rank(model_config, bytes_limit: int | None) -> int:
+    """0 (full fine-tune) where its state fits the device's memory, else LORA_RANK."""
+    state = flops.param_count(model_config) * FULL_STATE_BYTES_PER_PARAM
+    return LORA_RANK if bytes_limit is not None and state > STATE_SHARE * bytes_limit else 0
+
+
+def first_batch(side: str, model_config, *, seq_len: int, lora_rank: int, bytes_limit: int | None, cap: int) -> int:
+    """The batch to try first: `cap` where the device reports no memory, else the estimate of what fits."""
+    if bytes_limit is None:
+        return cap
+    key = "ours/lora" if side == "ours" and lora_rank else side
+    state = flops.param_count(model_config) * STATE_BYTES_PER_PARAM[key]
+    per_position = model_config.num_layers * (12 * model_config.embed_dim + 4 * model_config.hidden_dim) * 2
+    if side == "baseline":
+        per_position += model_config.num_embed * BASELINE_LOGIT_BYTES
+    rows = max(1.0, (USABLE_SHARE * bytes_limit - state) / (per_position * seq_len))
+    return min(cap, 1 << math.ceil(math.log2(rows)))
+
+
+def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch: int, lora_rank: int) -> Side:
+    if name == "ours":
+        return Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch, lora_rank=lora_rank)
+    return Baseline(model_config, models.init_params(model_config, seed=0), inputs.tokenizer, inputs.documents(),
+                    seq_len=seq_len, batch_size=batch)
+
+
+def out_of_memory(error: Exception) -> bool:
+    """The trainer's refusal (trainer.hbm), or the compiler's or the device's own (XLA's RESOURCE_EXHAUSTED)."""
+    return isinstance(error, hbm.MemoryRefusal) or "RESOURCE_EXHAUSTED" in str(error)
+
+
+def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, lora_rank: int, schedule: Schedule, log):
+    """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit."""
+    refused = []
+    while True:
+        side = None
+        try:
+            side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, lora_rank=lora_rank)
+            return side, measure([side], schedule, log=log)[side.name], refused
+        except Exception as error:  # the compiler's refusal, or the device's at run time
+            if not out_of_memory(error) or batch == 1:
+                raise
+            log(f"  {name}: batch {batch} does not fit ({str(error).splitlines()[0][:160]}); halving")
+            refused.append(batch)
+            if side is not None:
+                side.close()
+            del side
+            gc.collect()
+            batch //= 2
+
+
+def roofline(costs: dict, model_flops: float, chip: hardware.Chip | None) -> dict:
+    """The compiler's bound on one step: the model's FLOPs at the chip's peak, or the step's bytes
+    (XLA's cost analysis) at its HBM bandwidth, whichever is longer."""
+    compiler_bytes = costs.get("bytes accessed")
+    if chip is None or not compiler_bytes:
+        return {"bound_s": None, "bound_by": None}
+    flops_s, bytes_s = model_flops / chip.peak_bf16_flops, compiler_bytes / chip.hbm_bytes_per_s
+    return {"bound_s": max(flops_s, bytes_s), "bound_by": "flops" if flops_s >= bytes_s else "bytes",
+            "flops_bound_s": flops_s, "bytes_bound_s": bytes_s}
+
+
+def run(args) -> dict:
+    device = jax.devices()[0]
+    if args.accelerator and device.platform == "cpu":
+        raise UserError(f"no accelerator: JAX's first device is {device.device_kind!r} (JAX_PLATFORMS="
+                        f"{os.environ.get('JAX_PLATFORMS', '')!r}, TPU chips found: {mesh.tpu_chips_attached()}); "
+                        "set JAX_PLATFORMS=tpu to require one, or run bench.device with --dry-run")
+    stats = device.memory_stats() or {}
+    bytes_limit = stats.get("bytes_limit")
+    inputs = inputs_lib.build_inputs(args.workdir)
+    model_config = models.model_config(args.model, vocab_size=inputs.tokenizer.vocab_size)
+    lora_rank = ours_lora_rank(model_config, bytes_limit) if args.side == "ours" else 0
+    schedule = Schedule(*args.schedule)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    batch = first_batch(args.side, model_config, seq_len=args.seq_len, lora_rank=lora_rank, bytes_limit=bytes_limit,
+                        cap=args.batch)
+    side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=batch,
+                                    lora_rank=lora_rank, schedule=schedule, log=log)
+    step_s = statistics.median(repeats.step_times)
+    flops_per_token = flops.training_flops_per_token(model_config, args.seq_len, lora_rank=lora_rank)
+    positions_per_step = side.batch_size * args.seq_len
+    chip = hardware.CHIPS.get(device.device_kind)
+    costs = side.cost_analysis()
+    bound = roofline(costs, flops_per_token * positions_per_step / jax.device_count(), chip)
+    analysis = side.memory_analysis()
+    result = {
+        "side": args.side, "model": args.model, "seq_len": args.seq_len, "batch": side.batch_size, "batches_refused": refused,
+        "training": f"LoRA rank {lora_rank}" if lora_rank else "full",
+        "parameters": flops.param_count(model_config), "device_kind": device.device_kind, "devices": jax.device_count(),
+        "compile_s": side.compile_s, "step_s": step_s, "step_spread": spread(repeats.step_times),
+        "repeats": len(repeats.step_times), "steps_per_repeat": schedule.steps_per_repeat,
+        "useful_tokens_per_s": repeats.useful_tokens_per_sec, "positions_per_s": repeats.positions_per_sec,
+        "padding": repeats.padding_fraction,
+        "mfu": flops.model_flops_utilization(repeats.positions_per_sec / jax.device_count(), flops_per_token,
+                                             chip.peak_bf16_flops if chip else None),
+        "model_flops_per_step": flops_per_token * positions_per_step,
+        "compiler_flops_per_step": costs.get("flops"), "compiler_bytes_per_step": costs.get("bytes accessed"),
+        **bound, "measured_over_bound": step_s / bound["bound_s"] if bound["bound_s"] else None,
+        "compiled_step_bytes": side.step_memory_bytes(),
+        "compiled_temp_bytes": analysis.temp_size_in_bytes if analysis else None,
+        "device_peak_bytes": (device.memory_stats() or {}).get("peak_bytes_in_use"), "device_bytes_limit": bytes_limit,
+        "truncated_away": side.truncated_fraction(),
+    }
+    side.close()
+    return result
+
+
+@mesh.jax_entry_point("bench.device_side: ")
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.device_side", description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=("ours", "baseline"), required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True,
+                        help="the largest global batch tried: the first is the estimate of what fits, halved while it does not")
+    parser.add_argument("--schedule", type=int, nargs=3, metavar=("WARMUP", "REPEATS", "STEPS"), required=True)
+    parser.add_argument("--result", required=True, help="JSON file the figures are written to")
+    parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)
+    parser.add_argument("--accelerator", action="store_true", help="refuse to measure on the CPU")
+    args = parser.parse_args(argv)
+    with open(args.result, "w") as out:
+        json.dump(run(args), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

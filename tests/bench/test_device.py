@@ -1,0 +1,59 @@
+"""The accelerator benchmark's CPU dry run, as it must run on the accelerator machine: without gemma,
+kauldron or TensorFlow (which cannot be brought there), each side in its own process, figures in JSON."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BLOCKER = '''
+import sys
+
+BLOCKED = ("gemma", "kauldron", "tensorflow")
+
+
+class Absent:
+    """The import system's finders, except that the packages the accelerator machine lacks are not found."""
+
+    def __init__(self, finders):
+        self.finders = finders
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            return None
+        for finder in self.finders:
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                return spec
+        return None
+
+    def invalidate_caches(self):
+        for finder in self.finders:
+            getattr(finder, "invalidate_caches", lambda: None)()
+
+
+sys.meta_path[:] = [Absent(list(sys.meta_path))]
+'''
+
+
+def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
+    (tmp_path / "blocker").mkdir()
+    (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}  # the guard chooses
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "blocker"), str(ROOT)])
+    blocked = subprocess.run([sys.executable, "-c", "import gemma"], env=env, capture_output=True, text=True)
+    assert "No module named 'gemma'" in blocked.stderr
+    out = tmp_path / "figures.json"
+    run = subprocess.run([sys.executable, "-m", "bench.device", "--dry-run", "--out", str(out), "--workdir", str(tmp_path)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "TPU_WORKER_HOSTNAMES" not in run.stdout + run.stderr
+    (case,) = json.loads(out.read_text())["cases"]
+    for side in ("ours", "baseline"):
+        figures = case["sides"][side]
+        assert figures["useful_tokens_per_s"] > 0 and figures["step_s"] > 0, figures
+        assert figures["compiled_step_bytes"] > 0
+    assert case["ours_over_baseline"] > 0
+    assert "ours/baseline, useful tokens/s" in run.stdout

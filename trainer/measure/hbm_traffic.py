@@ -173,8 +173,8 @@ def traffic(hlo: str) -> list[tuple[Instruction, int]]:
             return sum(whole(name) for start in instruction.operands if start in by_name
                        for name in by_name[start].operands) + array_bytes(instruction.result)
         result, operands = array_bytes(instruction.result), [whole(name) for name in instruction.operands]
-        if instruction.op == "fusion" and (called := called(instruction, "calls")) in computations:
-            access = accesses.setdefault(called, _fusion_access(computations[called]))
+        if instruction.op == "fusion" and (callee := called(instruction, "calls")) in computations:
+            access = accesses.setdefault(callee, _fusion_access(computations[callee]))
             operands = [access.reads.get(index, size) for index, size in enumerate(operands)]
             result = result if access.writes is None else access.writes
         return sum(operands) + result

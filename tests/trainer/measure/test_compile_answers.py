@@ -27,7 +27,7 @@ def _fit(cache_dir):
 def test_a_second_fit_of_an_unchanged_run_compiles_nothing(tmp_path, monkeypatch):
     first, session, lines = _fit(tmp_path)
     assert session.compiles == 2 and session.cached == 0  # the usable-HBM probe (a refusal) and the step
-    assert any("train step, remat none (candidate 1 of 1)" in line and line.endswith("compiling (compile 2)") for line in lines)
+    assert any("train step, remat none (candidate 1 of " in line and line.endswith("compiling (compile 2)") for line in lines)
     monkeypatch.setattr(jax.stages.Lowered, "compile", lambda *_: pytest.fail("compiled what the cache holds"))
     second, session, lines = _fit(tmp_path)
     assert session.compiles == 0 and session.cached == 2

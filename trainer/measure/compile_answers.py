@@ -141,22 +141,22 @@ def _write(path: pathlib.Path, entry: dict) -> None:
     partial.replace(path)
 
 
-def compile(lowered, *, what: str, devices):  # noqa: A001 (the one compile of the package)
+def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the trainer goes through this one)
     """`lowered` compiled for `devices`. Outside a session: the executable. Inside: its Answers, from
     the cache when the same program was compiled before; a memory refusal is answered (raised) alike."""
     if _session is None:
         return lowered.compile()
-    session_, path = _session, None
-    label = ": ".join([*session_.doing, what])
-    if session_.cache_dir is not None:
-        path = session_.cache_dir / f"{cache_key(lowered, devices)}.json.gz"
+    current, path = _session, None
+    label = ": ".join([*current.doing, what])
+    if current.cache_dir is not None:
+        path = current.cache_dir / f"{cache_key(lowered, devices)}.json.gz"
         entry = _read(path)
         if entry is not None:
-            session_.cached += 1
+            current.cached += 1
             say(f"{label}: from the cache")
             return _answer(entry)
-    session_.compiles += 1
-    say(f"{label}: compiling (compile {session_.compiles})")
+    current.compiles += 1
+    say(f"{label}: compiling (compile {current.compiles})")
     try:
         entry = _answers_of(lowered.compile())
     except jax.errors.JaxRuntimeError as error:

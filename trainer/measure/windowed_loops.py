@@ -55,7 +55,8 @@ def _trips(loop, computations, named) -> int:
     step = next((value for value in steps if value), 1)
     initial = named[loop.operands[0]]
     start = _constant(named[initial.operands[index]], named) if initial.op == "tuple" else None
-    return max(math.ceil((_constant(bound, named) - (start or 0)) / step), 1)
+    limit = _constant(bound, named)
+    return 1 if limit is None else max(math.ceil((limit - (start or 0)) / step), 1)  # 1: unknown, nothing added
 
 
 def _constant(instruction, named) -> int | None:

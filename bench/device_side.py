@@ -27,7 +27,8 @@ from bench.stats import spread
 from bench.throughput import Schedule, measure
 from trainer import hbm, mesh, models
 from trainer.errors import UserError
-from trainer.measure import flops, hardware
+from trainer import hardware
+from trainer.measure import flops
 
 LORA_RANK = 16  # ours when the full fine-tune's float32 state does not fit the chip
 # Bytes per parameter a full fine-tune of ours keeps on the chip besides activations: float32 weights,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from trainer.errors import UserError
+from trainer.measure import compile_answers
 
 _GIB = 2**30
 
@@ -63,7 +64,8 @@ def usable_hbm_bytes(devices) -> int:
             return (square @ square)[:1, :1]
 
         try:
-            jax.jit(too_large).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=one)).compile()
+            compile_answers.compile(jax.jit(too_large).lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=one)),
+                                    what=f"the usable HBM of a {kind} (a probe it refuses)", devices=devices[:1])
         except jax.errors.JaxRuntimeError as error:
             refusal = memory_refusal(error)
             if refusal is None:

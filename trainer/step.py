@@ -20,6 +20,7 @@ import optax
 
 from trainer import layers as layers_lib
 from trainer import hbm, loss, mesh, models, vocab_chunk
+from trainer.measure import compile_answers
 
 State = dict[str, Any]
 
@@ -229,25 +230,29 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
     step's arguments (arrays or shapes); the last refusal is raised (hbm.MemoryRefusal), at once when
     the arguments alone cannot fit."""
     on_tpu = run_step.device_mesh.devices.flat[0].platform == "tpu"
-    if on_tpu and (refused := hbm.arguments_refusal(train_args(run_step), list(run_step.device_mesh.devices.flat))):
+    devices = list(run_step.device_mesh.devices.flat)
+    if on_tpu and (refused := hbm.arguments_refusal(train_args(run_step), devices)):
         raise refused
     chunks = chunk_candidates(run_step, config, model_config)
     refused = None
-    for remat in remat_candidates(config.remat):
+    remats = remat_candidates(config.remat)
+    for remat_number, remat in enumerate(remats, 1):
         short, tried = 0, None
-        for head in chunks:
+        for head_number, head in enumerate(chunks, 1):
             if not frees_enough(head, tried, short):
                 continue
             candidate = run_step.choosing(remat=remat, vocab_chunk=run_step.vocab_chunk if head is None else head.chunk)
             lowered = candidate.functions.train.lower(*train_args(candidate))
+            what = (f"train step, remat {remat} (candidate {remat_number} of {len(remats)}), vocabulary chunk "
+                    f"{candidate.vocab_chunk or 'none'} (head {head_number} of {len(chunks)})")
             try:
-                compiled = lowered.compile()
+                compiled = compile_answers.compile(lowered, what=what, devices=devices)
             except jax.errors.JaxRuntimeError as error:
                 refusal = hbm.memory_refusal(error)
                 if refusal is None:
                     raise
             else:
-                refusal = hbm.whole_program_refusal(compiled, list(run_step.device_mesh.devices.flat)) if on_tpu else None
+                refusal = hbm.whole_program_refusal(compiled, devices) if on_tpu else None
                 if refusal is None:
                     return candidate, lowered, compiled
             refused, short, tried = refusal, refusal.required - refusal.available, head

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import loss, mesh
 from trainer import hardware
+from trainer.measure import compile_answers
 
 # Plain logits, then chunks of 2^16 down to 2^12 rows; those not below the vocabulary are left out.
 CANDIDATES = (None, 65_536, 32_768, 16_384, 8_192, 4_096)
@@ -62,8 +63,9 @@ def loop_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_
     weights = jax.ShapeDtypeStruct((chunk, embed_dim), compute_dtype, sharding=replicated)
     valid = jax.ShapeDtypeStruct((chunk,), jnp.bool_, sharding=replicated)
     body = jax.checkpoint(lambda h, c, v: jnp.sum(loss.chunk_logsumexp(h, c, v, softcap)))
-    compiled = jax.jit(jax.value_and_grad(body, argnums=(0, 1))).lower(
-        _hidden(device_mesh, tokens, embed_dim, compute_dtype), weights, valid).compile()
+    lowered = jax.jit(jax.value_and_grad(body, argnums=(0, 1))).lower(_hidden(device_mesh, tokens, embed_dim, compute_dtype), weights, valid)
+    compiled = compile_answers.compile(lowered, what=f"one chunk of {chunk} vocabulary rows (to count the loop's iterations)",
+                                       devices=device_mesh.devices.flat)
     flops, bytes_accessed = _cost(compiled)
     return (math.ceil(vocab_size / chunk) - 1) * flops, (math.ceil(vocab_size / chunk) - 1) * bytes_accessed
 
@@ -75,8 +77,8 @@ def head_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_
     embedding = jax.ShapeDtypeStruct((vocab_size, embed_dim), compute_dtype, sharding=embedding_sharding)
     targets = jax.ShapeDtypeStruct((tokens,), jnp.int32, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
     head = lambda h, e, t: jnp.sum(loss.token_losses(h, e, t, softcap=softcap, vocab_chunk=chunk))  # noqa: E731
-    compiled = jax.jit(jax.value_and_grad(head, argnums=(0, 1))).lower(
-        _hidden(device_mesh, tokens, embed_dim, compute_dtype), embedding, targets).compile()
+    lowered = jax.jit(jax.value_and_grad(head, argnums=(0, 1))).lower(_hidden(device_mesh, tokens, embed_dim, compute_dtype), embedding, targets)
+    compiled = compile_answers.compile(lowered, what=f"loss head with {_chunk_name(chunk)}", devices=device_mesh.devices.flat)
     flops, bytes_accessed = _cost(compiled)
     missing_flops, missing_bytes = loop_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim,
                                              vocab_size=vocab_size, chunk=chunk, softcap=softcap)
@@ -85,6 +87,10 @@ def head_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_
     return HeadCost(chunk=chunk, flops=flops, bytes_accessed=bytes_accessed,
                     temporaries=compiled.memory_analysis().temp_size_in_bytes,
                     roofline_s=max(flops / chip.peak_bf16_flops, bytes_accessed / chip.hbm_bytes_per_s))
+
+
+def _chunk_name(chunk: int | None) -> str:
+    return "plain logits" if chunk is None else f"chunk {chunk}"
 
 
 def candidates(vocab_size: int) -> tuple[int | None, ...]:
@@ -98,10 +104,12 @@ def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_siz
     """The candidates whose head alone the compiler fits in memory, fastest first (fewer temporaries
     breaking a tie). Remembered: the full and LoRA steps of a model on a mesh share their head."""
     costs = []
-    for chunk in candidates(vocab_size):
+    chunks = candidates(vocab_size)
+    for number, chunk in enumerate(chunks, 1):
         try:
-            costs.append(head_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim, vocab_size=vocab_size,
-                                   chunk=chunk, softcap=softcap))
+            with compile_answers.doing(f"candidate {number} of {len(chunks)}"):
+                costs.append(head_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim, vocab_size=vocab_size,
+                                       chunk=chunk, softcap=softcap))
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise

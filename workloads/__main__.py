@@ -1,6 +1,6 @@
 """`python -m workloads render --stack NAME [--out DIR]`: the run's Kubernetes objects as YAML, offline;
 `python -m workloads fit --stack NAME [--run RUN] [--json]`: each run's step compiled for its TPU slice
-(workloads.fit).
+(workloads.fit), with progress on stderr and the compiler's answers kept for the next fit (docs/fit.md).
 
 Prints (or writes into DIR, one file per object, numbered in apply order) the namespace, the
 ServiceAccounts of training and of data preparation, the Kueue queue (with gemma-tpu:queue), the
@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="skip the compiles that find the largest batch that fits (one compile a run instead of 2-4)")
     fit.add_argument("--splits", action="store_true",
                      help="also compile each FSDP group that divides a slice and name the fastest that fits (gemma-tpu:training.fsdp)")
+    fit.add_argument("--cache-dir", type=pathlib.Path,
+                     help="where the compiler's answers are kept (default $XDG_CACHE_HOME/gemma-tpu/compiles or ~/.cache/...)")
+    fit.add_argument("--no-cache", action="store_true", help="compile everything again, and keep nothing")
+    fit.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     try:
         config = render_config(args.stack)
@@ -106,12 +110,19 @@ def main(argv: list[str] | None = None) -> int:
 def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
     # XLA's C++ start-up notices (below warnings) say nothing about the fit.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from trainer import mesh
     from trainer.errors import UserError
+    from trainer.measure import compile_answers
     from workloads import fit
 
+    cache_dir = None if args.no_cache else args.cache_dir or compile_answers.default_cache_dir()
     try:
-        reports = [run.report for run in fit.fit_runs(config, image=config.image or IMAGE_PLACEHOLDER, run_name=args.run,
-                                                      search_batch=args.search_batch, compare_splits=args.splits)]
+        mesh.require_requested_platform()
+        with compile_answers.session(cache_dir=cache_dir, stream=None if args.quiet else sys.stderr) as session:
+            reports = [run.report for run in fit.fit_runs(config, image=config.image or IMAGE_PLACEHOLDER, run_name=args.run,
+                                                          search_batch=args.search_batch, compare_splits=args.splits)]
+            compile_answers.say(f"{session.compiles} compiled, {session.cached} from the cache"
+                                + (f" ({cache_dir})" if cache_dir else ""))
     except (ValueError, UserError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR

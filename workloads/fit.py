@@ -39,15 +39,19 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
              compare_splits: bool = False) -> list[RunFit]:
     """Compile every selected run's step for its slice (several minutes a run for the real models)."""
     from trainer.config import parse_config
-    from trainer.measure import compiled
+    from trainer.measure import compile_answers, compiled
 
     fits = []
     for run in select_runs(config, run_name):
         spec = run_spec(config, run, image=image)
         train_config = parse_config(list(spec.trainer_args))
         devices = compiled.tpu_devices(config.tpu.accelerator, config.tpu.topology, num_slices=run.slices)
-        report = compiled.fit(train_config, devices, num_slices=run.slices, search_batch=search_batch,
-                              compare_splits=compare_splits).report()
+        compile_answers.say(f"run {run.name}: {train_config.model}, batch {train_config.batch_size} x {train_config.seq_len}, "
+                            f"{config.tpu.accelerator} {config.tpu.topology} x {run.slices}")
+        with compile_answers.doing(f"run {run.name}"):
+            report = compiled.fit(train_config, devices, num_slices=run.slices, search_batch=search_batch,
+                                  compare_splits=compare_splits).report()
+        compile_answers.say(f"run {run.name}: done")
         report = {"run": run.name, "accelerator": config.tpu.accelerator, "topology": config.tpu.topology,
                   "slices": run.slices, **report}
         fits.append(RunFit(run=run.name, spec=spec, report=report))

@@ -14,7 +14,7 @@ from infra.config import parse_stack_config
 from infra.config.stack_files import offline_values
 from tests.infra.observability import monitoring_filters
 from trainer.data import loader as data
-from trainer import contract, loop, models, step
+from trainer import contract, loop, models
 from trainer.config import parse_config
 from trainer.data.corpus import write_corpus
 from trainer.metrics import read_metrics
@@ -40,18 +40,22 @@ def full_run(tmp_path_factory, prepared_dir, tokenizer_path):
 
 
 def test_fit_compiles_the_step_the_run_ran(full_run, prepared_dir, tokenizer_path):
-    """`python -m workloads fit` lowers the step through trainer.measure.compiled from the run's options
-    alone; the run records the digest of the program it trained with. Equal digests: the same program,
-    arguments, shapes and shardings. Another batch is another program."""
+    """`python -m workloads fit` compiles the step through trainer.measure.compiled from the run's options
+    alone (its --steps included: the learning-rate schedule is part of the program); the run records the
+    digest of the program it trained with. Equal digests: the same program, arguments, shapes and
+    shardings. Another batch or another step count is another program; with --epochs the step count
+    comes from the data, which fit does not read, so it reports no digest."""
     from trainer.measure import compiled
 
     recorded = json.loads((full_run / "config.json").read_text())
     config = parse_config(tiny_args(full_run, prepared_dir, tokenizer_path, *FULL_RUN))
     model_config = models.model_config("tiny", vocab_size=512)
-    lower = lambda config: compiled.lower_train_step(config, model_config, jax.devices(), num_slices=1,  # noqa: E731
-                                                     total_steps=recorded["total_steps"])[1]
-    assert step.step_fingerprint(lower(config)) == recorded["step_fingerprint"]
-    assert step.step_fingerprint(lower(dataclasses.replace(config, batch_size=16))) != recorded["step_fingerprint"]
+    fit = lambda config: compiled.compile_train_step(config, model_config, jax.devices())  # noqa: E731
+    step_compiled = fit(config)
+    assert (step_compiled.fingerprint, step_compiled.total_steps) == (recorded["step_fingerprint"], recorded["total_steps"])
+    assert fit(dataclasses.replace(config, batch_size=16)).fingerprint != recorded["step_fingerprint"]
+    assert fit(dataclasses.replace(config, steps=1000)).fingerprint != recorded["step_fingerprint"]
+    assert fit(dataclasses.replace(config, steps=None)).fingerprint is None
 
 
 def test_loss_falls_on_the_tiny_setup(full_run):

@@ -91,6 +91,20 @@ def test_an_unknown_run_is_one_line_and_exit_2():
     assert done.stderr.strip().splitlines()[-1].startswith("error: --run nope: the stack has no such run (its runs: ")
 
 
+def test_fit_of_a_run_that_does_not_fit_is_one_line_and_exit_2(tmp_path):
+    """gemma3-12b full fine-tune on one v6e chip, as a user's stack would ask for it, through the command
+    itself and the real compiler: its weights and AdamW moments alone exceed the chip (no step compile
+    is needed to say so), and the answer is one line that says by how much."""
+    stack = tmp_path / "Pulumi.big.yaml"
+    stack.write_text((REPO / "Pulumi.dev.yaml").read_text() + "  gemma-tpu:training:\n    model: gemma3-12b\n")
+    done = subprocess.run([sys.executable, "-m", "workloads", "fit", "--stack", str(stack), "--quiet", "--cache-dir",
+                           str(tmp_path / "compiles")], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == USER_ERROR
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: run gemma-finetune: does not fit v6e 1x1 x 1: the step needs 131.")
+    assert "[0:" not in done.stderr  # --quiet: no progress lines
+
+
 def test_a_run_that_does_not_fit_gets_by_how_much_and_what_to_change():
     report = {"run": "sweep", "accelerator": "v6e", "topology": "2x4", "slices": 1, "lora_rank": 0, "fits": False,
               "compiled_bytes_per_chip": 40 * 2**30, "usable_hbm_bytes_per_chip": int(31.24 * 2**30), "largest_batch": 48}

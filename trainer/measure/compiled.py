@@ -4,11 +4,13 @@ compiler says of its memory per chip and its cost, before any cloud resource exi
 libtpu compiles for a topology it is only told about (`jax.experimental.topologies`); the program is
 the trainer's own step (trainer.step.build_run_step) with the arguments the loop passes, as shapes
 and shardings only. Two figures need care:
-- FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. The step's
-  one loop is the vocabulary-chunked log-sum-exp (trainer.loss): a forward map and, under
-  jax.checkpoint, a backward map that recomputes a chunk's logits and takes both gradients. The
-  compiler's cost of one such chunk (forward and gradients, compiled alone on the same mesh) times
-  the (chunks - 1) missing iterations is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
+- FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. FSDP's
+  large matmuls are loops over the weights' shards, whose missing FLOPs are read from the optimized
+  program (trainer.measure.windowed_loops). The step's other loop is the vocabulary-chunked
+  log-sum-exp (trainer.loss): a forward map and, under jax.checkpoint, a backward map that
+  recomputes a chunk's logits and takes both gradients. The compiler's cost of one such chunk
+  (forward and gradients, compiled alone on the same mesh) times the (chunks - 1) missing iterations
+  is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
   attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,
@@ -30,11 +32,14 @@ import jax.numpy as jnp
 from trainer import hbm, mesh, models, precision, step, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer.measure import collectives, flops, hbm_traffic
+from trainer.measure import collectives, compile_answers, flops, hbm_traffic, windowed_loops
 from trainer import hardware
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
+# The learning-rate schedule's length when the run gives --epochs: the steps per epoch come from its data,
+# which a compile does not read, so that step is another program than the run's (no fingerprint).
+STEPS_WITHOUT_DATA = 1000
 _GIB = 2**30
 
 
@@ -74,19 +79,21 @@ class CompiledStep:
     generated_code: int
     bytes_per_chip: int  # the whole program: trainer.hbm.needed_bytes, what the step's search checks
     flops_reported: float  # the compiler's cost analysis, loop bodies counted once
-    flops_loop_correction: float  # the iterations it left out (see the module docstring)
+    flops_loop_correction: float  # the vocabulary loop's iterations it left out (see the module docstring)
+    flops_windowed_loops: float  # FSDP's windowed matmul loops' iterations it left out (trainer.measure.windowed_loops)
     flops_kernels: float  # the Pallas kernels' count, which the analysis has not
     bytes_reported: float
     bytes_loop_correction: float
     bytes_kernels: float
     ici_bytes: int  # what the program's collectives move per chip (trainer.measure.collectives)
     bytes_by_source: dict[str, int]  # HBM bytes per chip by the JAX operation they come from (trainer.measure.hbm_traffic)
-    fingerprint: str  # of the lowered program: equal to the one the run records in config.json
-    dense_attention_mask: bool  # an [..., L, L] tensor in the optimized program
+    total_steps: int  # the learning-rate schedule's length compiled into the step
+    fingerprint: str | None  # of the lowered program: equal to the one the run records in config.json (None: --epochs)
+    l_by_l_tensor: bool | None  # an [..., L, L] tensor in the optimized program (None: head_dim == L, cannot tell)
 
     @property
     def flops_per_chip(self) -> float:
-        return self.flops_reported + self.flops_loop_correction + self.flops_kernels
+        return self.flops_reported + self.flops_loop_correction + self.flops_windowed_loops + self.flops_kernels
 
     @property
     def bytes_accessed(self) -> float:
@@ -112,19 +119,24 @@ def _mesh_and_dtype(config: TrainConfig, devices, num_slices: int):
     return device_mesh, precision.compute_dtype(config.compute_dtype, backend=devices[0].platform)
 
 
-def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: int, total_steps: int):
+def schedule_steps(config: TrainConfig) -> int:
+    """The learning-rate schedule's length the run compiles into its step: its --steps (trainer.loop)."""
+    return config.steps or STEPS_WITHOUT_DATA
+
+
+def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: int):
     """(run_step, lowered train step) for `devices`, built as trainer.loop builds it (with the first
     policy of --remat)."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
-    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=schedule_steps(config), compute_dtype=compute_dtype)
     return run_step, run_step.functions.train.lower(*step.abstract_train_args(run_step, config, model_config))
 
 
-def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1, total_steps: int = 1000) -> CompiledStep:
+def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1) -> CompiledStep:
     """The step compiled for `devices` as trainer.loop compiles it (--remat and --vocab-chunk auto: as
     trainer.step.compile_run_step settles them); raises hbm.MemoryRefusal when the compiler refuses it."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
-    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=schedule_steps(config), compute_dtype=compute_dtype)
     run_step, lowered, compiled = step.compile_run_step(
         run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
     memory = compiled.memory_analysis()
@@ -141,16 +153,21 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
         arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
         temporaries=memory.temp_size_in_bytes, aliased=memory.alias_size_in_bytes,
         generated_code=memory.generated_code_size_in_bytes, bytes_per_chip=hbm.needed_bytes(compiled),
-        flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops, flops_kernels=attention_flops,
+        flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops,
+        flops_windowed_loops=windowed_loops.missing_flops(hlo), flops_kernels=attention_flops,
         bytes_reported=float(cost.get("bytes accessed", 0.0)), bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
         ici_bytes=collectives.collective_bytes(hlo), bytes_by_source=hbm_traffic.by_source(hlo),
-        fingerprint=step.step_fingerprint(lowered),
-        dense_attention_mask=_has_square_mask(hlo, config.seq_len),
+        total_steps=schedule_steps(config), fingerprint=step.step_fingerprint(lowered) if config.steps else None,
+        l_by_l_tensor=_has_l_by_l_tensor(hlo, config.seq_len, model_config.head_dim),
     )
 
 
-def _has_square_mask(hlo: str, seq_len: int) -> bool:
-    """Whether the optimized program holds an [..., L, L] tensor (the dense attention's mask or logits)."""
+def _has_l_by_l_tensor(hlo: str, seq_len: int, head_dim: int) -> bool | None:
+    """Whether the optimized program holds an [..., L, L] tensor (the dense attention's mask or logits);
+    None where the head width equals L, whose [.., head_dim, head_dim] squares (attention's projections
+    and their gradients) look the same."""
+    if head_dim == seq_len:
+        return None
     return re.search(rf"\[(\d+,)*{seq_len},{seq_len}\]", hlo) is not None
 
 
@@ -202,7 +219,8 @@ class Fit:
             "compiled_parts": {"arguments": compiled.arguments, "outputs": compiled.outputs, "temporaries": compiled.temporaries,
                                "aliased": compiled.aliased, "generated_code": compiled.generated_code},
             "flops_per_chip_per_step": compiled.flops_per_chip, "flops_reported_by_compiler": compiled.flops_reported,
-            "flops_loop_correction": compiled.flops_loop_correction, "flops_attention_kernels": compiled.flops_kernels, "model_flops_per_chip_per_step": model_flops / compiled.chips,
+            "flops_loop_correction": compiled.flops_loop_correction, "flops_windowed_loops": compiled.flops_windowed_loops,
+            "flops_attention_kernels": compiled.flops_kernels, "model_flops_per_chip_per_step": model_flops / compiled.chips,
             "bytes_accessed_per_chip": compiled.bytes_accessed, "bytes_reported_by_compiler": compiled.bytes_reported,
             "bytes_by_source_per_chip": compiled.bytes_by_source,
             "ici_bytes_per_chip": compiled.ici_bytes, "step_time_bound_s": bound_s, "bound_by": bound_by,
@@ -210,8 +228,8 @@ class Fit:
             "fits": compiled.bytes_per_chip <= self.usable_hbm,
             "headroom_gib": round((self.usable_hbm - compiled.bytes_per_chip) / _GIB, 2),
             "attention": compiled.attention, "remat": compiled.remat, "vocab_chunk": compiled.vocab_chunk,
-            "l_by_l_tensor": compiled.dense_attention_mask,
-            "step_fingerprint": compiled.fingerprint,
+            "l_by_l_tensor": compiled.l_by_l_tensor,
+            "total_steps": compiled.total_steps, "step_fingerprint": compiled.fingerprint,
         }
 
 
@@ -224,11 +242,15 @@ def split_figures(report: dict) -> dict:
     return {key: report[key] for key in _SPLIT_KEYS if key in report}
 
 
-def _try_compile(config: TrainConfig, model_config, devices, num_slices: int) -> CompiledStep | hbm.MemoryRefusal:
-    try:
-        return compile_train_step(config, model_config, devices, num_slices=num_slices)
-    except hbm.MemoryRefusal as refused:
-        return refused
+_SEARCH_STEPS = 5  # largest_batch's compiles at most: a second batch for the line, then up to 4 guesses
+
+
+def _try_compile(config: TrainConfig, model_config, devices, num_slices: int, *, why: str) -> CompiledStep | hbm.MemoryRefusal:
+    with compile_answers.doing(f"{why}, batch {config.batch_size}"):
+        try:
+            return compile_train_step(config, model_config, devices, num_slices=num_slices)
+        except hbm.MemoryRefusal as refused:
+            return refused
 
 
 def _needed(result: CompiledStep | hbm.MemoryRefusal) -> int:
@@ -244,17 +266,19 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
     other_batch = config.batch_size * 2 if config.batch_size > unit else config.batch_size + unit
     if isinstance(first, hbm.MemoryRefusal) and config.batch_size > unit:
         other_batch = max(unit, config.batch_size // 4 // unit * unit)
-    other = _try_compile(dataclasses.replace(config, batch_size=other_batch), model_config, devices, num_slices)
+    other = _try_compile(dataclasses.replace(config, batch_size=other_batch), model_config, devices, num_slices,
+                         why=f"largest batch: search step 1 of at most {_SEARCH_STEPS}")
     (b1, m1), (b2, m2) = sorted([(config.batch_size, _needed(first)), (other_batch, _needed(other))])
     per_row = max((m2 - m1) / (b2 - b1), 1.0)
     guess = int((usable - (m1 - per_row * b1)) / per_row) // unit * unit
-    for _ in range(4):
+    for search_step in range(2, _SEARCH_STEPS + 1):
         if guess < unit:
             return 0
         if guess in (b1, b2):
             result = first if guess == config.batch_size else other
         else:
-            result = _try_compile(dataclasses.replace(config, batch_size=guess), model_config, devices, num_slices)
+            result = _try_compile(dataclasses.replace(config, batch_size=guess), model_config, devices, num_slices,
+                                  why=f"largest batch: search step {search_step} of at most {_SEARCH_STEPS}")
         if isinstance(result, CompiledStep) and result.bytes_per_chip <= usable:
             return guess
         guess -= unit * max(1, math.ceil((_needed(result) - usable) / per_row / unit))
@@ -267,7 +291,7 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures)."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = hbm.usable_hbm_bytes(devices)
-    first = _try_compile(config, model_config, devices, num_slices)
+    first = _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else 0
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
               refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch)
@@ -276,6 +300,10 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)
               for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
     return dataclasses.replace(own, splits=(own, *others))
+
+
+def _mesh_name(sizes: dict[str, int]) -> str:
+    return ",".join(f"{axis}={size}" for axis, size in sizes.items())
 
 
 def split_meshes(chips_per_slice: int) -> list[dict[str, int]]:

@@ -88,12 +88,12 @@ def parse(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
     return computations, entry
 
 
-def _called(instruction: Instruction, name: str) -> str | None:
+def called(instruction: Instruction, name: str) -> str | None:
     match = re.search(rf"\b{name}=%([\w.\-]+)", instruction.attributes)
     return match[1] if match else None
 
 
-def _runs(computations: dict[str, list[Instruction]], entry: str):
+def runs(computations: dict[str, list[Instruction]], entry: str):
     """(instruction, times it runs per step) for every instruction of the computations that run."""
     pending = [(entry, 1)]
     while pending:
@@ -101,9 +101,9 @@ def _runs(computations: dict[str, list[Instruction]], entry: str):
         for instruction in computations.get(name, ()):
             if instruction.op == "while":
                 trips = _TRIP_COUNT.search(instruction.attributes)
-                pending += [(_called(instruction, "body"), times * (int(trips[1]) if trips else 1))]
+                pending += [(called(instruction, "body"), times * (int(trips[1]) if trips else 1))]
             elif instruction.op == "call":
-                pending += [(_called(instruction, "to_apply"), times)]
+                pending += [(called(instruction, "to_apply"), times)]
             yield instruction, times
 
 
@@ -173,14 +173,14 @@ def traffic(hlo: str) -> list[tuple[Instruction, int]]:
             return sum(whole(name) for start in instruction.operands if start in by_name
                        for name in by_name[start].operands) + array_bytes(instruction.result)
         result, operands = array_bytes(instruction.result), [whole(name) for name in instruction.operands]
-        if instruction.op == "fusion" and (called := _called(instruction, "calls")) in computations:
-            access = accesses.setdefault(called, _fusion_access(computations[called]))
+        if instruction.op == "fusion" and (callee := called(instruction, "calls")) in computations:
+            access = accesses.setdefault(callee, _fusion_access(computations[callee]))
             operands = [access.reads.get(index, size) for index, size in enumerate(operands)]
             result = result if access.writes is None else access.writes
         return sum(operands) + result
 
     moved = []
-    for instruction, times in _runs(computations, entry):
+    for instruction, times in runs(computations, entry):
         if instruction.op in _FREE or instruction.op.endswith("-start"):
             continue
         moved.append((instruction, times * moved_by(instruction)))

@@ -43,7 +43,7 @@ def test_the_tiny_step_compiles_for_v6e_with_its_figures(tiny_step, model_config
     assert tiny_step.aliased >= state_bytes * 0.99
     # What the step's search checks before compiling (hbm.arguments_refusal) is the compiler's own figure
     # less the padding of small arrays to the TPU's tiles (10 KiB here): a refusal on it is always right.
-    run_step, _ = compiled.lower_train_step(TINY, model_config, v6e_2x2, num_slices=1, total_steps=TINY.steps)
+    run_step, _ = compiled.lower_train_step(TINY, model_config, v6e_2x2, num_slices=1)
     before_compiling = hbm.argument_bytes_per_chip(step.abstract_train_args(run_step, TINY, model_config))
     assert before_compiling <= tiny_step.arguments < before_compiling * 1.01
     assert 0 < tiny_step.bytes_per_chip < hbm.usable_hbm_bytes(v6e_2x2)
@@ -69,9 +69,16 @@ def test_on_tpu_no_tensor_is_l_by_l(tiny_step, model_config, v6e_2x2):
     """Packed attention runs through the splash kernel: the optimized program holds no [.., L, L]
     tensor. The dense path, still there for CPU, does (so the check can tell)."""
     assert tiny_step.attention == "splash" and tiny_step.flops_kernels > 0
-    assert not tiny_step.dense_attention_mask
+    assert tiny_step.l_by_l_tensor is False
     dense = compiled.compile_train_step(dataclasses.replace(TINY, attention="dense"), model_config, v6e_2x2)
-    assert dense.attention == "dense" and dense.dense_attention_mask and dense.flops_kernels == 0
+    assert dense.attention == "dense" and dense.l_by_l_tensor is True and dense.flops_kernels == 0
+
+
+def test_where_the_head_width_is_the_row_length_no_one_can_tell(model_config, v6e_2x2):
+    """Gemma 3's heads are 256 wide: at seq 256 its projections' [.., 256, 256] squares look like [L, L]
+    (the multihost stack's gemma3-270m at 128 x 256 said true with splash attention): the answer is None."""
+    rows_as_wide_as_heads = dataclasses.replace(TINY, seq_len=model_config.head_dim)
+    assert compiled.compile_train_step(rows_as_wide_as_heads, model_config, v6e_2x2).l_by_l_tensor is None
 
 
 def test_the_vocabulary_loop_is_counted_once_per_iteration(tiny_step, model_config, v6e_2x2):

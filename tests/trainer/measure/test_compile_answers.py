@@ -1,0 +1,49 @@
+"""`fit`'s compiles keep the compiler's answers: a second fit of an unchanged run compiles nothing and
+reports the same figures, and each compile is a progress line saying what it is for."""
+
+import dataclasses
+import io
+
+import jax
+import pytest
+
+from trainer import hbm, models
+from trainer.config import TrainConfig
+from trainer.measure import compile_answers, compiled
+
+pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
+
+TINY = TrainConfig(model="tiny", weights="random", batch_size=8, seq_len=256, steps=10)
+
+
+def _fit(cache_dir):
+    hbm._usable_hbm.clear()  # the process remembers the chip's usable HBM; a new fit is a new process
+    progress = io.StringIO()
+    with compile_answers.session(cache_dir=cache_dir, stream=progress) as session:
+        report = compiled.fit(TINY, compiled.tpu_devices("v6e", "2x2"), vocab_size=512, search_batch=False).report()
+    return report, session, progress.getvalue().splitlines()
+
+
+def test_a_second_fit_of_an_unchanged_run_compiles_nothing(tmp_path, monkeypatch):
+    first, session, lines = _fit(tmp_path)
+    assert session.compiles == 2 and session.cached == 0  # the usable-HBM probe (a refusal) and the step
+    assert any("train step, remat none (candidate 1 of " in line and line.endswith("compiling (compile 2)") for line in lines)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", lambda *_: pytest.fail("compiled what the cache holds"))
+    second, session, lines = _fit(tmp_path)
+    assert session.compiles == 0 and session.cached == 2
+    assert all(line.endswith("from the cache") for line in lines)
+    assert second == first
+
+
+def test_another_program_is_another_answer(tmp_path):
+    _fit(tmp_path)
+    with compile_answers.session(cache_dir=tmp_path, stream=None) as session:
+        compiled.compile_train_step(dataclasses.replace(TINY, steps=20), models.model_config("tiny", vocab_size=512),
+                                    compiled.tpu_devices("v6e", "2x2"))
+    assert session.compiles == 1  # another schedule length is another program
+
+
+def test_outside_a_session_compile_is_the_compilers_executable():
+    lowered = jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((4,), jax.numpy.float32))
+    executable = compile_answers.compile(lowered, what="x + 1", devices=jax.devices())
+    assert executable(jax.numpy.zeros(4)).tolist() == [1.0] * 4

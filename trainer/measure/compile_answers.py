@@ -1,0 +1,174 @@
+"""Every compile of the trainer's programs goes through `compile`: in the trainer it is the compiler's
+executable; inside `session` (what `python -m workloads fit` opens) it is the compiler's answers only
+(memory analysis, cost analysis, the optimized program's text, or its memory refusal), printed as
+progress on stderr and kept on disk, so that a second `fit` of an unchanged run compiles nothing.
+
+JAX's own persistent compilation cache cannot serve here: it stores executables, and one compiled for
+a topology (no TPU attached) is written but cannot be read back ("PjRtCompiler must be constructed
+with a Client to call DeserializeLoadedExecutable", docs/fit.md). The answers are keyed by what makes
+the compiler answer differently: the lowered program's text, jaxlib and libtpu versions, XLA_FLAGS and
+LIBTPU_INIT_ARGS, and the devices (kind, ids, coordinates, slices).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import sys
+import time
+import types
+from collections.abc import Iterator
+from typing import TextIO
+
+import jax
+
+
+def default_cache_dir() -> pathlib.Path:
+    """$XDG_CACHE_HOME/gemma-tpu/compiles, else ~/.cache/gemma-tpu/compiles."""
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "gemma-tpu" / "compiles"
+
+
+@dataclasses.dataclass
+class _Session:
+    cache_dir: pathlib.Path | None
+    stream: TextIO | None
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    compiles: int = 0  # compiler calls
+    cached: int = 0  # answers read from the cache
+    doing: list[str] = dataclasses.field(default_factory=list)
+
+
+_session: _Session | None = None
+
+
+@contextlib.contextmanager
+def session(*, cache_dir: pathlib.Path | None, stream: TextIO | None = sys.stderr) -> Iterator[_Session]:
+    """Compile for answers only: each compile's answers come from `cache_dir` (None: no cache) or the
+    compiler, and a progress line goes to `stream` (None: quiet)."""
+    global _session
+    previous, _session = _session, _Session(cache_dir=cache_dir, stream=stream)
+    try:
+        yield _session
+    finally:
+        _session = previous
+
+
+@contextlib.contextmanager
+def doing(what: str) -> Iterator[None]:
+    """Name the work the compiles inside belong to (a run, a batch search step), for the progress lines."""
+    if _session is not None:
+        _session.doing.append(what)
+    try:
+        yield
+    finally:
+        if _session is not None:
+            _session.doing.pop()
+
+
+def say(line: str) -> None:
+    """A progress line with the session's elapsed time (nothing outside a session, or when quiet)."""
+    if _session is not None and _session.stream is not None:
+        elapsed = time.monotonic() - _session.started
+        print(f"[{int(elapsed // 60)}:{elapsed % 60:04.1f}] {line}", file=_session.stream, flush=True)
+
+
+class Answers:
+    """What the compiler said of a program, with the methods of a compiled executable that read it."""
+
+    def __init__(self, memory: dict[str, int], cost: dict[str, float], hlo: str):
+        self._memory, self._cost, self._hlo = memory, cost, hlo
+
+    def memory_analysis(self):
+        return types.SimpleNamespace(**self._memory)
+
+    def cost_analysis(self) -> dict[str, float]:
+        return dict(self._cost)
+
+    def as_text(self) -> str:
+        return self._hlo
+
+
+_MEMORY_FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes",
+                  "generated_code_size_in_bytes")
+_COST_KEYS = ("flops", "bytes accessed")
+
+
+def _answers_of(compiled) -> dict:
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {"memory": {name: int(getattr(memory, name)) for name in _MEMORY_FIELDS},
+            "cost": {key: float(cost.get(key, 0.0)) for key in _COST_KEYS}, "hlo": compiled.as_text()}
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def cache_key(lowered, devices) -> str:
+    """What makes the compiler answer differently: the program, the compiler's versions and flags, the devices."""
+    digest = hashlib.sha256(lowered.as_text().encode())
+    for part in (_version("jaxlib"), _version("libtpu"), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")):
+        digest.update(b"\0" + part.encode())
+    for device in devices:
+        facts = (device.id, device.device_kind, getattr(device, "coords", None), getattr(device, "slice_index", None))
+        digest.update(b"\0" + repr(facts).encode())
+    return digest.hexdigest()
+
+
+def _read(path: pathlib.Path) -> dict | None:
+    try:
+        with gzip.open(path, "rt") as file:
+            return json.load(file)
+    except (OSError, EOFError, ValueError):  # absent, or a partial file from a killed fit: compile again
+        return None
+
+
+def _write(path: pathlib.Path, entry: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    with gzip.open(partial, "wt") as file:
+        json.dump(entry, file)
+    partial.replace(path)
+
+
+def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the trainer goes through this one)
+    """`lowered` compiled for `devices`. Outside a session: the executable. Inside: its Answers, from
+    the cache when the same program was compiled before; a memory refusal is answered (raised) alike."""
+    if _session is None:
+        return lowered.compile()
+    current, path = _session, None
+    label = ": ".join([*current.doing, what])
+    if current.cache_dir is not None:
+        path = current.cache_dir / f"{cache_key(lowered, devices)}.json.gz"
+        entry = _read(path)
+        if entry is not None:
+            current.cached += 1
+            say(f"{label}: from the cache")
+            return _answer(entry)
+    current.compiles += 1
+    say(f"{label}: compiling (compile {current.compiles})")
+    try:
+        entry = _answers_of(lowered.compile())
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        entry = {"refusal": str(error)}
+    if path is not None:
+        _write(path, entry)
+    return _answer(entry)
+
+
+def _answer(entry: dict) -> Answers:
+    if "refusal" in entry:
+        raise jax.errors.JaxRuntimeError(entry["refusal"])
+    return Answers(entry["memory"], entry["cost"], entry["hlo"])

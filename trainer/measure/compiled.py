@@ -5,10 +5,10 @@ libtpu compiles for a topology it is only told about (`jax.experimental.topologi
 the trainer's own step (trainer.step.build_run_step) with the arguments the loop passes, as shapes
 and shardings only. Two figures need care:
 - FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. The step's
-  one loop is the vocabulary-chunked log-sum-exp (trainer.loss): a forward map and, under
-  jax.checkpoint, a backward map that recomputes a chunk's logits and takes both gradients. The
-  compiler's cost of one such chunk (forward and gradients, compiled alone on the same mesh) times
-  the (chunks - 1) missing iterations is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
+  one loop is the vocabulary-chunked log-sum-exp (trainer.loss): a forward loop and a backward loop
+  that recomputes a chunk's logits and takes both gradients. The compiler's cost of one chunk's
+  forward and backward bodies (compiled alone on the same mesh) times the (chunks - 1) missing
+  iterations is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
   attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,

@@ -27,7 +27,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer import hbm, mesh, models, precision, step, vocab_chunk
+from trainer import hbm, mesh, models, precision, step, tpu_flags, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import collectives, flops, hardware, hbm_traffic
@@ -48,6 +48,8 @@ def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     # A TPU VM's chips belong to one process at a time (libtpu's lockfile); compiling uses none of them.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # The XLA flags the pods run with (an explicit LIBTPU_INIT_ARGS wins); libtpu reads them once a process.
+    os.environ.setdefault("LIBTPU_INIT_ARGS", tpu_flags.libtpu_init_args(accelerator))
     from jax.experimental import topologies
 
     try:

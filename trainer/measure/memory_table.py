@@ -146,6 +146,7 @@ def main(argv=None) -> int | None:
         reference = compile_entry(*REFERENCE)
         step_now = reference["step_fingerprint"]
         entries = merged(entries, [reference | {"step": step_now}])
+        write_entries(entries, args.out)
         for model in args.models:
             for rank in (0, LORA_RANK):
                 for shape in args.shapes:
@@ -155,7 +156,6 @@ def main(argv=None) -> int | None:
                     entry = compile_entry(model, rank, topology, int(slices)) | {"step": step_now}
                     entries = merged(entries, [entry])
                     write_entries(entries, args.out)  # after each compile: minutes of work are not lost
-        write_entries(entries, args.out)
     print(markdown(read_entries(args.out)))
     return 0
 

@@ -64,7 +64,8 @@ def test_the_rows_that_claim_todays_step_were_compiled_from_it(entries, key):
 
 
 def test_a_row_of_an_older_step_is_marked_and_explained(entries):
-    older = [dict(entry, step="an older step") if entry["model"] != "gemma3-270m" else entry for entry in entries]
+    today = memory_table.current_step(entries)
+    older = [dict(entry, step=today if entry["model"] == "gemma3-270m" else "an older step") for entry in entries]
     table = memory_table.markdown(older)
     marked = [row for row in table.splitlines() if f" {memory_table.OLDER_STEP_MARK} |" in row]
     assert len(marked) == sum(e["model"] != "gemma3-270m" for e in entries) and all("gemma3-270m" not in row for row in marked)

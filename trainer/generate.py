@@ -59,9 +59,7 @@ def _latest_checkpoint_params(config, run: dict, model_config):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     shard = lambda tree: jax.tree.map(lambda _: device, tree)  # noqa: E731
     trained, frozen = models.initial_params(config, model_config, shard, resuming=True)
-    optimizer = step.build_optimizer(step.OptimizerConfig(
-        lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
-        total_steps=run.get("total_steps") or 1, weight_decay=config.weight_decay, grad_clip=config.grad_clip))
+    optimizer = step.build_optimizer(step.optimizer_config(config, total_steps=run.get("total_steps") or 1))
     abstract = step.abstract_state(trained, optimizer, state_shardings_fn=shard)
     restored = manager.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
     manager.close()

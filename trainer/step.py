@@ -33,6 +33,13 @@ class OptimizerConfig:
     total_steps: int
     weight_decay: float
     grad_clip: float
+    state_dtype: str = "float32"  # AdamW's first moment (--optimizer-state-dtype)
+
+
+def optimizer_config(config, *, total_steps: int) -> OptimizerConfig:
+    """The optimizer of `config` (the run's TrainConfig) with a schedule of `total_steps`."""
+    return OptimizerConfig(lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
+                           weight_decay=config.weight_decay, grad_clip=config.grad_clip, state_dtype=config.optimizer_state_dtype)
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
@@ -62,6 +69,7 @@ def build_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
             learning_rate_schedule(config),
             weight_decay=config.weight_decay,
             mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
+            mu_dtype=jnp.dtype(config.state_dtype),
         ),
     )
 
@@ -179,11 +187,8 @@ def build_run_step(config, model_config, device_mesh, *, total_steps: int, compu
     """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule. The step has
     the first policy of --remat and the --vocab-chunk that needs no compiler (trainer.vocab_chunk.fixed);
     compile_run_step settles both."""
-    optimizer_config = OptimizerConfig(
-        lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
-        weight_decay=config.weight_decay, grad_clip=config.grad_clip,
-    )
-    optimizer = build_optimizer(optimizer_config)
+    optimizer_settings = optimizer_config(config, total_steps=total_steps)
+    optimizer = build_optimizer(optimizer_settings)
     model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
     trained, _ = abstract_params(config, model_config)
     platform = device_mesh.devices.flat[0].platform
@@ -195,7 +200,7 @@ def build_run_step(config, model_config, device_mesh, *, total_steps: int, compu
                               vocab_size=model_config.num_embed)
     functions = make_step_functions(model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap,
                                     vocab_chunk=chunk, state_shardings=state_shardings, layers=layers)
-    return RunStep(model=model, optimizer=optimizer, optimizer_config=optimizer_config, compute_dtype=compute_dtype,
+    return RunStep(model=model, optimizer=optimizer, optimizer_config=optimizer_settings, compute_dtype=compute_dtype,
                    device_mesh=device_mesh, softcap=model_config.final_logit_softcap, state_shardings=state_shardings,
                    vocab_chunk=chunk, layers=layers, functions=functions)
 

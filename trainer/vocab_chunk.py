@@ -55,19 +55,24 @@ def _hidden(device_mesh, tokens: int, embed_dim: int, dtype) -> jax.ShapeDtypeSt
 def loop_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int, chunk: int | None,
               softcap: float | None) -> tuple[float, float]:
     """(FLOPs, bytes accessed) per chip that XLA's cost analysis leaves out of a chunked head: it counts
-    a loop body once, so the (chunks - 1) missing iterations are the compiler's own cost of one chunk's
-    forward, recompute and gradients, compiled alone on the same mesh."""
+    a loop body once, so the (chunks - 1) missing iterations of the forward loop and of the backward
+    loop (trainer.loss.chunked_logsumexp) are the compiler's own cost of one chunk's forward body and
+    of one chunk's backward body, each compiled alone on the same mesh."""
     if chunk is None or chunk >= vocab_size:
         return 0.0, 0.0
     replicated = NamedSharding(device_mesh, PartitionSpec())
+    hidden = _hidden(device_mesh, tokens, embed_dim, compute_dtype)
     weights = jax.ShapeDtypeStruct((chunk, embed_dim), compute_dtype, sharding=replicated)
     valid = jax.ShapeDtypeStruct((chunk,), jnp.bool_, sharding=replicated)
-    body = jax.checkpoint(lambda h, c, v: jnp.sum(loss.chunk_logsumexp(h, c, v, softcap)))
-    lowered = jax.jit(jax.value_and_grad(body, argnums=(0, 1))).lower(_hidden(device_mesh, tokens, embed_dim, compute_dtype), weights, valid)
-    compiled = compile_answers.compile(lowered, what=f"one chunk of {chunk} vocabulary rows (to count the loop's iterations)",
-                                       devices=device_mesh.devices.flat)
-    flops, bytes_accessed = _cost(compiled)
-    return (math.ceil(vocab_size / chunk) - 1) * flops, (math.ceil(vocab_size / chunk) - 1) * bytes_accessed
+    per_token = jax.ShapeDtypeStruct((tokens,), jnp.float32, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
+    what = f"one chunk of {chunk} vocabulary rows (to count the loop's iterations)"
+    forward = compile_answers.compile(jax.jit(functools.partial(loss.chunk_logsumexp, softcap=softcap)).lower(hidden, weights, valid),
+                                      what=f"{what}, forward", devices=device_mesh.devices.flat)
+    backward = compile_answers.compile(jax.jit(functools.partial(loss.chunk_gradients, softcap=softcap)).lower(
+        hidden, weights, valid, per_token, per_token), what=f"{what}, backward", devices=device_mesh.devices.flat)
+    missing = math.ceil(vocab_size / chunk) - 1
+    (forward_flops, forward_bytes), (backward_flops, backward_bytes) = _cost(forward), _cost(backward)
+    return missing * (forward_flops + backward_flops), missing * (forward_bytes + backward_bytes)
 
 
 def head_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int, chunk: int | None,

@@ -1,5 +1,6 @@
 """The model and the loss: packing, padding, vocabulary chunks, LoRA, weights and vocabulary checks."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +10,7 @@ from trainer.data import loader as data
 
 from trainer import loss, models
 from trainer.errors import UserError
+from trainer.gemma3.model import FeedForward
 
 SEQ_LEN = 64
 
@@ -82,6 +84,49 @@ def test_vocabulary_chunked_loss_and_gradient_equal_the_plain_ones(tiny, packed_
     np.testing.assert_allclose(float(chunked), float(plain), rtol=1e-5)
     for got, want in zip(jax.tree.leaves(chunked_grad), jax.tree.leaves(plain_grad)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3, atol=1e-6)
+
+
+def test_chunked_head_in_bfloat16_gives_the_plain_heads_loss_and_gradients():
+    """bfloat16 hidden states and embedding, Gemma's final softcap: the custom-gradient chunked head
+    equals the plain logits' head (autodiff) within bfloat16 tolerance."""
+    tokens, dim, vocab_size = 64, 32, 1000  # 1000 rows: the last chunk of 96 is padded
+    keys = jax.random.split(jax.random.key(0), 3)
+    hidden = jax.random.normal(keys[0], (2, tokens // 2, dim), jnp.bfloat16)
+    embedding = (jax.random.normal(keys[1], (vocab_size, dim)) * 0.5).astype(jnp.bfloat16)
+    targets = jax.random.randint(keys[2], (2, tokens // 2), 0, vocab_size)
+
+    def head(hidden, embedding, vocab_chunk):
+        return jnp.mean(loss.token_losses(hidden, embedding, targets, softcap=30.0, vocab_chunk=vocab_chunk))
+
+    plain, plain_grads = jax.value_and_grad(head, argnums=(0, 1))(hidden, embedding, None)
+    chunked, chunked_grads = jax.jit(jax.value_and_grad(head, argnums=(0, 1)), static_argnums=2)(hidden, embedding, 96)
+    np.testing.assert_allclose(float(chunked), float(plain), rtol=1e-3)
+    for got, want in zip(chunked_grads, plain_grads):
+        assert got.dtype == want.dtype == jnp.bfloat16
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_feed_forward_computes_the_fused_gate_and_up_projection_in_bfloat16(lora_rank):
+    """The two gate/up matmuls give what one matmul over gemma's [2, hidden, embed] weight gives."""
+    config = models.model_config("tiny", vocab_size=512)
+    module = FeedForward(config=config, dtype=jnp.bfloat16, lora_rank=lora_rank)
+    x = jax.random.normal(jax.random.key(0), (2, 16, config.embed_dim), jnp.bfloat16)
+    params = module.init(jax.random.key(1), x)["params"]
+    params = jax.tree.map(lambda p: p + jnp.asarray(0.05, p.dtype), params)  # LoRA's B starts at zero: make it matter
+    gate = jnp.einsum("...F,NHF->...NH", x, params["gating_einsum"])
+    if lora_rank:
+        factors = params["_LoRAEinsum_gating_einsum"]["lora"]
+        gate = gate + jnp.einsum("...F,Fr,rNH->...NH", x, factors["a"], factors["b"])
+    hidden = nn.gelu(gate[..., 0, :]) * gate[..., 1, :]
+    fused = jnp.einsum("...H,HF->...F", hidden, params["linear"])
+    if lora_rank:
+        factors = params["_LoRAEinsum_linear"]["lora"]
+        fused = fused + jnp.einsum("...H,Hr,rF->...F", hidden, factors["a"], factors["b"])
+    split = module.apply({"params": params}, x)
+    assert split.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(split, np.float32), np.asarray(fused, np.float32), rtol=2e-2, atol=2e-2)
 
 
 def test_large_logits_are_chunked_and_small_ones_are_not():

@@ -45,6 +45,31 @@ def test_weight_decay_pulls_matrices_but_not_norm_scales():
     np.testing.assert_array_equal(updates["norm"]["scale"], np.zeros(4))
 
 
+def test_bfloat16_optimizer_state_halves_the_first_moment_and_updates_as_float32_does():
+    params = {"linear": jax.random.normal(jax.random.key(0), (64, 64)), "norm": {"scale": jnp.ones((64,))}}
+    grads = jax.tree.map(lambda p: 1e-2 * jax.random.normal(jax.random.key(1), p.shape), params)
+    updates = {}
+    for dtype in ("float32", "bfloat16"):
+        optimizer = step.build_optimizer(_optimizer_config(warmup_steps=0, state_dtype=dtype))
+        state = optimizer.init(params)
+        for _ in range(3):
+            updates[dtype], state = optimizer.update(grads, state, params)
+        adam = state[1][0]
+        assert {leaf.dtype for leaf in jax.tree.leaves(adam.mu)} == {jnp.dtype(dtype)}
+        assert {leaf.dtype for leaf in jax.tree.leaves(adam.nu)} == {jnp.dtype("float32")}  # the second moment stays
+    for got, want in zip(jax.tree.leaves(updates["bfloat16"]), jax.tree.leaves(updates["float32"])):
+        assert got.dtype == jnp.float32  # the masters' updates
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-7)
+
+
+def test_the_run_flag_sets_the_optimizer_state_dtype():
+    from trainer.config import parse_config
+
+    config = parse_config(["--model", "gemma3-270m", "--weights", "random", "--data", "x", "--optimizer-state-dtype", "bfloat16"])
+    assert step.optimizer_config(config, total_steps=10).state_dtype == "bfloat16"
+    assert step.optimizer_config(parse_config(["--model", "gemma3-270m", "--weights", "random", "--data", "x"]), total_steps=10).state_dtype == "float32"
+
+
 def test_train_step_donates_the_state_and_updates_the_float32_masters():
     config = models.model_config("tiny", vocab_size=64)
     model = models.build_model(config, dtype=jnp.float32)

@@ -9,7 +9,7 @@ import pytest
 from infra.catalog import tpu
 from tests.workloads import failure_events
 from tests.workloads.conftest import REPO, IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
-from trainer import contract
+from trainer import contract, tpu_flags
 from trainer.data import prepare
 from trainer.config import parse_config
 from workloads import manifests
@@ -277,6 +277,7 @@ def test_the_trainer_gets_the_stack_training_config_and_slice_count(stack):
     assert env["JAX_PLATFORMS"] == "tpu"  # no TPU is an error, never a run on the host's CPU
     assert env["MEGASCALE_NUM_SLICES"] == str(config.runs[0].slices)
     assert ("MEGASCALE_SLICE_ID" in env) == (config.runs[0].slices > 1)
+    assert env["LIBTPU_INIT_ARGS"] == tpu_flags.libtpu_init_args(config.tpu.accelerator)  # the flags `fit` compiles with
 
 
 def test_multislice_pods_know_their_slice_and_the_coordinator():

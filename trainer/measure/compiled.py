@@ -8,8 +8,8 @@ and shardings only. Two figures need care:
   large matmuls are loops over the weights' shards, whose missing FLOPs are read from the optimized
   program (trainer.measure.windowed_loops). The step's other loop is the vocabulary-chunked
   log-sum-exp (trainer.loss): a forward map and, under jax.checkpoint, a backward map that
-  recomputes a chunk's logits and takes both gradients. The compiler's cost of one such chunk
-  (forward and gradients, compiled alone on the same mesh) times the (chunks - 1) missing iterations
+  recomputes a chunk's logits and takes both gradients. The compiler's cost of one chunk's forward
+  and backward bodies (compiled alone on the same mesh) times the (chunks - 1) missing iterations
   is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
   attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
@@ -29,7 +29,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer import hbm, mesh, models, precision, step, vocab_chunk
+from trainer import hbm, mesh, models, precision, step, tpu_flags, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import collectives, compile_answers, flops, hbm_traffic, windowed_loops
@@ -54,6 +54,8 @@ def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     # A TPU VM's chips belong to one process at a time (libtpu's lockfile); compiling uses none of them.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # The XLA flags the pods run with (an explicit LIBTPU_INIT_ARGS wins); libtpu reads them once a process.
+    os.environ.setdefault("LIBTPU_INIT_ARGS", tpu_flags.libtpu_init_args(accelerator))
     from jax.experimental import topologies
 
     try:

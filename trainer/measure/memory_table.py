@@ -7,6 +7,11 @@ table the README carries, with the formula of trainer.measure.memory beside each
 tests/trainer/measure/test_memory_table.py keeps the README equal to the JSON, the formula column
 equal to the formula, and the JSON's step equal to the trainer's (its fingerprint): a change to the
 step makes that test ask for this command again. A real model's compile takes minutes on 2 cores.
+
+Which step an entry was compiled from: the fingerprint of the REFERENCE entry's step (gemma3-270m
+LoRA on one chip, cheap to compile, compiled first in every run of this command) at the time, the
+entry's `step`. The table's current step is the reference entry's own fingerprint; an entry of an
+older step, one that was not compiled again since the step changed, is marked in the table.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ SEQ_LEN = 256
 LORA_RANK = 16
 # (topology, slices): one chip, the shipped multi-host slice, a larger slice, and the multislice stack's two.
 SHAPES = (("1x1", 1), ("2x4", 1), ("4x4", 1), ("2x4", 2))
+REFERENCE = ("gemma3-270m", LORA_RANK, "1x1", 1)  # (model, lora_rank, topology, slices): the entry that names the step
+OLDER_STEP_MARK = "†"
 _GIB = 2**30
 
 
@@ -48,6 +55,19 @@ def formula_gib(model: str, lora_rank: int, topology: str, slices: int) -> float
                                               lora_rank=lora_rank, batch_per_chip=GLOBAL_BATCH // (chips * slices),
                                               seq_len=SEQ_LEN)
     return round(estimate["total"] / _GIB, 1)
+
+
+def entry_key(entry: dict) -> tuple[str, int, str, int]:
+    return entry["model"], entry["lora_rank"], entry["topology"], entry["slices"]
+
+
+def current_step(entries: list[dict]) -> str | None:
+    """The fingerprint of the step the table was last compiled from: the reference entry's."""
+    return next((e["step_fingerprint"] for e in entries if entry_key(e) == REFERENCE), None)
+
+
+def is_current(entry: dict, entries: list[dict]) -> bool:
+    return entry.get("step") == current_step(entries)
 
 
 def compile_entry(model: str, lora_rank: int, topology: str, slices: int) -> dict:
@@ -72,8 +92,12 @@ def markdown(entries: list[dict]) -> str:
         mode = f"LoRA r={e['lora_rank']}" if e["lora_rank"] else "full"
         shape = f"v6e {e['topology']}" + (f" x {e['slices']}" if e["slices"] > 1 else "")
         fits = "yes" if e["fits"] else f"no ({_needs(e)} {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"
-        rows.append(f"| {e['model']} | {mode} | {shape} | {GLOBAL_BATCH // (chips * e['slices'])} | {e['compiled_gib']:.2f} | "
+        mark = "" if is_current(e, entries) else f" {OLDER_STEP_MARK}"
+        rows.append(f"| {e['model']} | {mode} | {shape} | {GLOBAL_BATCH // (chips * e['slices'])} | {e['compiled_gib']:.2f}{mark} | "
                     f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} | {_chunk(e)} |")
+    if not all(is_current(e, entries) for e in entries):
+        rows += ["", f"{OLDER_STEP_MARK} compiled from an older train step than the other rows, not compiled again since "
+                     "(`python -m trainer.measure.memory_table --models MODEL --shapes TOPOLOGY/SLICES`)."]
     return "\n".join(rows)
 
 
@@ -91,8 +115,7 @@ def _chunk(entry: dict) -> str:
 def merged(old: list[dict], new: list[dict]) -> list[dict]:
     """`old` with the entries `new` compiles again replaced, in the table's order (model size, full
     before LoRA, SHAPES)."""
-    key = lambda e: (e["model"], e["lora_rank"], e["topology"], e["slices"])  # noqa: E731
-    by_key = {key(e): e for e in old} | {key(e): e for e in new}
+    by_key = {entry_key(e): e for e in old} | {entry_key(e): e for e in new}
     shape_order = {shape: i for i, shape in enumerate(SHAPES)}
     return sorted(by_key.values(), key=lambda e: (list(GEMMA3_MODELS).index(e["model"]), e["lora_rank"],
                                                    shape_order[(e["topology"], e["slices"])]))
@@ -120,11 +143,18 @@ def main(argv=None) -> int | None:
     if not args.print_only:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         entries = read_entries(args.out) if args.out.exists() else []
+        reference = compile_entry(*REFERENCE)
+        step_now = reference["step_fingerprint"]
+        entries = merged(entries, [reference | {"step": step_now}])
+        write_entries(entries, args.out)
         for model in args.models:
             for rank in (0, LORA_RANK):
                 for shape in args.shapes:
                     topology, slices = shape.split("/")
-                    entries = merged(entries, [compile_entry(model, rank, topology, int(slices))])
+                    if (model, rank, topology, int(slices)) == REFERENCE:
+                        continue
+                    entry = compile_entry(model, rank, topology, int(slices)) | {"step": step_now}
+                    entries = merged(entries, [entry])
                     write_entries(entries, args.out)  # after each compile: minutes of work are not lost
     print(markdown(read_entries(args.out)))
     return 0

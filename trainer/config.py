@@ -38,8 +38,9 @@ PRESETS = ("tiny", "tiny-chat")
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
 LOG_FORMATS = ("text", "json")
 MESH_AXES = ("data", "fsdp")
-# auto: the Pallas splash kernel on TPU for rows of a multiple of 128 tokens, else the dense mask (trainer.layers).
-ATTENTIONS = ("auto", "dense", "splash")
+# auto: the platform's Pallas kernel (splash on TPU, flash on GPU) for rows its block divides, else the
+# dense mask (trainer.layers.KERNELS).
+ATTENTIONS = ("auto", "dense", "splash", "flash")
 # auto: the first of none, dots, full whose step the compiler fits in the chips' memory (trainer.step).
 REMATS = ("auto", "none", "dots", "full")
 # Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
@@ -252,8 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lora-rank", type=_non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
     add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
         "auto: bfloat16 on TPU, GPU and CPUs with native bfloat16 instructions, else float32 (default auto)")
-    add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row) or splash (the TPU kernel, "
-        f"block-sparse over documents and Gemma 3's sliding window); auto: splash on TPU when --seq-len is a multiple of 128 (default {d.attention})")
+    add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row), splash (the TPU kernel, "
+        "block-sparse over documents and Gemma 3's sliding window) or flash (the GPU kernel, the same without the [L, L] mask); "
+        f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")
     add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul outputs) or full (keeps each "
         f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
     add("--vocab-chunk", type=_vocab_chunk, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "

@@ -13,7 +13,8 @@ softmax (FlashAttention-2's online softmax) and the log-sum-exp for the backward
 pass recomputes the probabilities block by block: one kernel walks the query blocks that reach a key
 block (dK, dV; grouped-query heads summed inside), another the key blocks a query block reaches (dQ).
 Rows must be a multiple of `block` tokens. `interpret=True` runs the same kernels in Pallas'
-interpreter (CPU tests).
+interpreter (CPU tests). The kernels use Pallas' Triton backend, which JAX 0.12 deprecates in favour
+of Mosaic GPU (it warns when lowering for a GPU).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _query_grads_kernel(q_ref, k_ref, v_ref, segments_ref, d_out_ref, lse_ref, d
     dq_ref[...] = jax.lax.fori_loop(first, last, step, jnp.zeros(query.shape, jnp.float32)).astype(dq_ref.dtype)
 
 
-def _specs(batch: int, length: int, heads: int, kv_heads: int, head_dim: int, block: int):
+def _specs(length: int, heads: int, kv_heads: int, head_dim: int, block: int):
     """Block specs over the grid (row, query block, query head)."""
     group = heads // kv_heads
     return {
@@ -147,29 +148,32 @@ def _specs(batch: int, length: int, heads: int, kv_heads: int, head_dim: int, bl
     }
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):
+def _call(kernel, grid, in_specs, out_specs, out_shape, interpret: bool, name: str, head_dim: int):
+    # A program's float32 accumulator is block x head_dim: over 8 warps (256 threads) Gemma 3's head_dim
+    # 256 takes 64 registers a thread for it. Not yet tuned on a GPU.
+    warps = 8 if head_dim > 64 else 4
     return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
                           interpret=interpret, name=name,
-                          compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2))
+                          compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=2))
 
 
 def _forward(query, key, value, segment_ids, window, block, interpret):
     batch, length, heads, head_dim = query.shape
-    specs = _specs(batch, length, heads, key.shape[2], head_dim, block)
+    specs = _specs(length, heads, key.shape[2], head_dim, block)
     kernel = functools.partial(_forward_kernel, block=block, window=window)
     return _call(
         kernel, (batch, length // block, heads),
         [specs["query_block"], specs["kv_row"], specs["kv_row"], specs["segments"]],
         [specs["query_block"], specs["lse_block"]],
         [jax.ShapeDtypeStruct(query.shape, query.dtype), jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-        interpret, "flash_attention_forward")(query, key, value, segment_ids)
+        interpret, "flash_attention_forward", head_dim)(query, key, value, segment_ids)
 
 
 def _backward(query, key, value, segment_ids, out, lse, d_out, window, block, interpret):
     batch, length, heads, head_dim = query.shape
     kv_heads = key.shape[2]
     group = heads // kv_heads
-    specs = _specs(batch, length, heads, kv_heads, head_dim, block)
+    specs = _specs(length, heads, kv_heads, head_dim, block)
     delta = jnp.einsum("blnh,blnh->bnl", d_out.astype(jnp.float32), out.astype(jnp.float32))
     # dK, dV: one program per (row, key block, key/value head), reading its group's query heads whole.
     group_rows = pl.BlockSpec((None, length, group, head_dim), lambda b, j, k: (b, 0, k, 0))
@@ -177,16 +181,16 @@ def _backward(query, key, value, segment_ids, out, lse, d_out, window, block, in
     key_block = pl.BlockSpec((None, block, None, head_dim), lambda b, j, k: (b, j, k, 0))
     dk, dv = _call(
         functools.partial(_key_grads_kernel, block=block, window=window, group=group), (batch, length // block, kv_heads),
-        [group_rows, key_block, key_block, pl.BlockSpec((None, length), lambda b, j, k: (b, 0)), group_rows, group_stats, group_stats],
+        [group_rows, key_block, key_block, specs["segments"], group_rows, group_stats, group_stats],
         [key_block, key_block],
         [jax.ShapeDtypeStruct(key.shape, key.dtype), jax.ShapeDtypeStruct(value.shape, value.dtype)],
-        interpret, "flash_attention_key_grads")(query, key, value, segment_ids, d_out, lse, delta)
+        interpret, "flash_attention_key_grads", head_dim)(query, key, value, segment_ids, d_out, lse, delta)
     dq = _call(
         functools.partial(_query_grads_kernel, block=block, window=window), (batch, length // block, heads),
         [specs["query_block"], specs["kv_row"], specs["kv_row"], specs["segments"], specs["query_block"],
          specs["lse_block"], specs["lse_block"]],
         specs["query_block"], jax.ShapeDtypeStruct(query.shape, query.dtype),
-        interpret, "flash_attention_query_grads")(query, key, value, segment_ids, d_out, lse, delta)
+        interpret, "flash_attention_query_grads", head_dim)(query, key, value, segment_ids, d_out, lse, delta)
     return dq, dk, dv
 
 

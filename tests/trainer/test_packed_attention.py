@@ -5,6 +5,7 @@ multiple of its block, and bfloat16; the flash kernel lowered for an H200 from t
 [L, L] tensor; and rematerialised blocks give the same loss and gradients as none."""
 
 import dataclasses
+import json
 import re
 
 import jax
@@ -187,3 +188,24 @@ def test_the_options_table_names_the_policies_there_are():
         layers.choose_attention("flash", platform="gpu", seq_len=1000)
     with pytest.raises(UserError, match="^--attention flash: the kernel runs on gpu, this run is on tpu; use --attention auto"):
         layers.choose_attention("flash", platform="tpu", seq_len=1024)
+
+
+def test_a_run_with_the_flash_kernel_trains_as_the_dense_mask_does(tmp_path, prepared_dir, tokenizer_path):
+    """`python -m trainer --attention flash` on the CPU (the kernel in the interpreter): config.json names
+    the kernel, and the first steps' losses are the dense run's."""
+    from trainer import loop
+    from trainer.config import parse_config
+    from trainer.metrics import read_metrics
+
+    def run(attention):
+        workdir = tmp_path / attention
+        loop.train(parse_config([
+            "--model", "tiny", "--weights", "random", "--data", str(prepared_dir), "--tokenizer", str(tokenizer_path),
+            "--workdir", str(workdir), "--seq-len", "128", "--batch-size", "4", "--steps", "2", "--log-interval", "1",
+            "--eval-fraction", "0", "--no-samples", "--compute-dtype", "float32", "--attention", attention]))
+        recorded = json.loads((workdir / "config.json").read_text())["attention_kind"]
+        return recorded, [r["loss"] for r in read_metrics(workdir / "metrics.jsonl") if "loss" in r]
+
+    (flash, flash_losses), (dense, dense_losses) = run("flash"), run("dense")
+    assert (flash, dense) == ("flash", "dense")
+    assert len(flash_losses) == 2 and flash_losses == pytest.approx(dense_losses, rel=1e-5)

@@ -130,8 +130,9 @@ def _query_grads_kernel(q_ref, k_ref, v_ref, segments_ref, d_out_ref, lse_ref, d
         k_start = k_block * block
         keys = pl.ds(k_start, block)
         visible = _visible(q_start, k_start, q_segments, segments_ref[keys], block=block, window=window)
-        _, d_scores = _probs_and_score_grads(query, k_ref[keys, :], v_ref[keys, :], d_out, lse, delta, visible)
-        return dq + _dot(d_scores.astype(k_ref.dtype), k_ref[keys, :], (1, 0))
+        key_rows = k_ref[keys, :]
+        _, d_scores = _probs_and_score_grads(query, key_rows, v_ref[keys, :], d_out, lse, delta, visible)
+        return dq + _dot(d_scores.astype(key_rows.dtype), key_rows, (1, 0))
 
     first, last = _key_blocks(q_block, block=block, window=window)
     dq_ref[...] = jax.lax.fori_loop(first, last, step, jnp.zeros(query.shape, jnp.float32)).astype(dq_ref.dtype)

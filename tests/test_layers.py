@@ -24,7 +24,7 @@ TRAINER_LAYERS = (
                             "trainer.measure.flops", "trainer.hardware", "trainer.measure.throughput",
                             "trainer.hf.config", "trainer.hf.weights", "trainer.hf.tokenizer",
                             "trainer.hf.tokenizer_json", "trainer.hf.sample")),
-    ("the model and its step", ("trainer.gemma3", "trainer.models", "trainer.layers", "trainer.loss", "trainer.mesh", "trainer.step", "trainer.vocab_chunk", "trainer.sampling",
+    ("the model and its step", ("trainer.gemma3", "trainer.models", "trainer.layers", "trainer.flash_attention", "trainer.loss", "trainer.mesh", "trainer.step", "trainer.vocab_chunk", "trainer.sampling",
                                 "trainer.measure.plot")),
     ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.hf.export", "trainer.measure")),
     ("the entry point", ("trainer.__main__",)),

@@ -39,8 +39,9 @@ PRESETS = ("tiny", "tiny-chat")
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
 LOG_FORMATS = ("text", "json")
 MESH_AXES = ("data", "fsdp")
-# auto: the Pallas splash kernel on TPU for rows of a multiple of 128 tokens, else the dense mask (trainer.layers).
-ATTENTIONS = ("auto", "dense", "splash")
+# auto: the platform's Pallas kernel (splash on TPU, flash on GPU) for rows its block divides, else the
+# dense mask (trainer.layers.KERNELS).
+ATTENTIONS = ("auto", "dense", "splash", "flash")
 # auto: the first of none, dots, full whose step the compiler fits in the chips' memory (trainer.step).
 REMATS = ("auto", "none", "dots", "full")
 # Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
@@ -257,8 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--optimizer-state-dtype", choices=OPTIMIZER_STATE_DTYPES, help="dtype of AdamW's first moment: bfloat16 saves 2 bytes a "
         "trained parameter (a fifth of a full fine-tune's state with the float32 masters); the second moment stays float32, since "
         f"squared gradients span more range than bfloat16's 8 mantissa bits keep (default {d.optimizer_state_dtype})")
-    add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row) or splash (the TPU kernel, "
-        f"block-sparse over documents and Gemma 3's sliding window); auto: splash on TPU when --seq-len is a multiple of 128 (default {d.attention})")
+    add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row), splash (the TPU kernel, "
+        "block-sparse over documents and Gemma 3's sliding window) or flash (the GPU kernel, the same without the [L, L] mask); "
+        f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")
     add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul outputs) or full (keeps each "
         f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
     add("--vocab-chunk", type=_vocab_chunk, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "

@@ -1,11 +1,12 @@
 """How the transformer's layers run in the train step: packed-document attention without a [B, L, L]
-mask on TPU, and rematerialised blocks (trainer.gemma3.model reads these options).
+mask on TPU and GPU, and rematerialised blocks (trainer.gemma3.model reads these options).
 
-On TPU the attention of packed rows runs through Pallas' splash attention kernel, which takes the
-rows' segment ids and Gemma 3's causal sliding window as block-sparse masks, so that no [L, L] tensor
-exists; the dense path (CPU, and lengths the kernel's blocks do not divide) builds the mask.
-Preconditions of the kernel, held by the packed loader: positions restart at 0 in each document, and
-a row's length is a multiple of 128 (the kernel's block).
+The attention of packed rows runs through a Pallas kernel that takes the rows' segment ids and Gemma
+3's causal sliding window, so that no [L, L] tensor exists: on TPU Pallas' splash attention kernel
+(block-sparse masks), on NVIDIA GPUs our FlashAttention-2 kernels (trainer.flash_attention). The
+dense path (CPU, and lengths the kernel's blocks do not divide) builds the mask. Preconditions of the
+kernels, held by the packed loader: positions restart at 0 in each document, and a row's length is a
+multiple of the kernel's block (KERNELS).
 
 Rematerialisation (`--remat`): "none" keeps every activation for the backward pass; "dots" keeps
 the matmul outputs of each block and recomputes the rest; "full" keeps only each block's input and
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
+from trainer import flash_attention
 from trainer.errors import UserError
 
 # Least recomputation first: --remat auto tries them in this order (trainer.step).
@@ -30,12 +33,11 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "full": jax.checkpoint_policies.nothing_saveable,
 }
-SPLASH_BLOCK = 128  # the kernel's block: a row's length must be a multiple of it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerOptions:
-    attention: str = "dense"  # or "splash"
+    attention: str = "dense"  # or a name in KERNELS
     remat: str = "none"  # REMAT_POLICIES
     mesh: jax.sharding.Mesh | None = None  # the batch axes the kernel runs over, one shard per device
     batch_axes: tuple[str, ...] = ()
@@ -43,13 +45,25 @@ class LayerOptions:
 
 
 def choose_attention(requested: str, *, platform: str, seq_len: int) -> str:
-    """"auto": splash on TPU for rows the kernel's blocks divide, else dense."""
-    if requested == "splash" and seq_len % SPLASH_BLOCK:
-        raise UserError(f"--attention splash: --seq-len {seq_len} must be a multiple of {SPLASH_BLOCK} (the kernel's block); "
-                        "choose such a length or --attention auto")
+    """"auto": the platform's kernel for rows its blocks divide, else dense. A kernel named for another
+    accelerator than the run's is refused (on CPU it runs in the interpreter, for tests)."""
+    if requested in KERNELS:
+        kernel = KERNELS[requested]
+        if platform not in (kernel.platform, "cpu"):
+            raise UserError(f"--attention {requested}: the kernel runs on {kernel.platform}, this run is on {platform}; "
+                            "use --attention auto")
+        if seq_len % kernel.block:
+            raise UserError(f"--attention {requested}: --seq-len {seq_len} must be a multiple of {kernel.block} (the kernel's block); "
+                            "choose such a length or --attention auto")
     if requested != "auto":
         return requested
-    return "splash" if platform == "tpu" and seq_len % SPLASH_BLOCK == 0 else "dense"
+    native = [name for name, kernel in KERNELS.items() if kernel.platform == platform and seq_len % kernel.block == 0]
+    return native[0] if native else "dense"
+
+
+def interpreted(attention: str, platform: str) -> bool:
+    """Whether the chosen attention kernel runs in Pallas' interpreter on `platform`."""
+    return attention in KERNELS and KERNELS[attention].platform != platform
 
 
 def _kernel(num_heads: int, seq_len: int, window: int | None, interpret: bool):
@@ -71,10 +85,20 @@ def splash_attention(query, key, value, segment_ids, *, window: int | None, inte
     return heads_first(jax.vmap(one_row)(heads_first(query), heads_first(key), heads_first(value), segment_ids))
 
 
-def packed_splash_attention(options: LayerOptions, query, key, value, segment_ids, *, window: int | None):
-    """splash_attention over the run's mesh: a Pallas kernel is opaque to the partitioner, so each
-    device runs it on its own rows."""
-    attend = functools.partial(splash_attention, window=window, interpret=options.interpret)
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    platform: str  # the jax platform it is compiled for; elsewhere it runs in Pallas' interpreter
+    block: int  # a row's length must be a multiple of it
+    attend: Callable  # (query, key, value, segment_ids, *, window, interpret) -> attended queries
+
+
+KERNELS = {"splash": Kernel("tpu", 128, splash_attention), "flash": Kernel("gpu", flash_attention.BLOCK, flash_attention.flash_attention)}
+
+
+def kernel_attention(options: LayerOptions, query, key, value, segment_ids, *, window: int | None):
+    """options.attention's kernel over the run's mesh: a Pallas kernel is opaque to the partitioner,
+    so each device runs it on its own rows."""
+    attend = functools.partial(KERNELS[options.attention].attend, window=window, interpret=options.interpret)
     if options.mesh is not None:
         rows = PartitionSpec(options.batch_axes)
         attend = jax.shard_map(attend, mesh=options.mesh, in_specs=(rows, rows, rows, rows), out_specs=rows, check_vma=False)

@@ -192,9 +192,9 @@ def build_run_step(config, model_config, device_mesh, *, total_steps: int, compu
     model = models.build_model(model_config, dtype=compute_dtype, lora_rank=config.lora_rank)
     trained, _ = abstract_params(config, model_config)
     platform = device_mesh.devices.flat[0].platform
-    layers = layers_lib.LayerOptions(
-        attention=layers_lib.choose_attention(config.attention, platform=platform, seq_len=config.seq_len),
-        remat=remat_candidates(config.remat)[0], mesh=device_mesh, batch_axes=mesh.BATCH_AXES, interpret=platform != "tpu")
+    attention = layers_lib.choose_attention(config.attention, platform=platform, seq_len=config.seq_len)
+    layers = layers_lib.LayerOptions(attention=attention, remat=remat_candidates(config.remat)[0], mesh=device_mesh,
+                                     batch_axes=mesh.BATCH_AXES, interpret=layers_lib.interpreted(attention, platform))
     state_shardings = mesh.state_shardings(device_mesh, jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), trained))
     chunk = vocab_chunk.fixed(config.vocab_chunk, tokens_per_chip=config.batch_size * config.seq_len // device_mesh.size,
                               vocab_size=model_config.num_embed)

@@ -1,18 +1,23 @@
-"""Splash attention (the TPU kernel, here in Pallas' interpreter on CPU) against the dense [L, L] mask
-on packed rows of the tiny Gemma 3 model: the same hidden states and gradients, with LoRA too; and
-rematerialised blocks give the same loss and gradients as none."""
+"""The attention kernels (splash for TPU, flash for GPU, here in Pallas' interpreter on CPU) against
+the dense [L, L] mask on packed rows of the tiny Gemma 3 model: the same hidden states and gradients,
+with LoRA too; the flash kernel alone with grouped-query heads, windows that are and are not a
+multiple of its block, and bfloat16; the flash kernel lowered for an H200 from this CPU holds no
+[L, L] tensor; and rematerialised blocks give the same loss and gradients as none."""
 
 import dataclasses
+import json
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import layers, loss, models
+from trainer import flash_attention, layers, loss, models
 from trainer.errors import UserError
+from trainer.gemma3.model import dense_attention
 
-SEQ = 256  # the kernel's blocks are 128 tokens; the tiny model's sliding window (64) is shorter than a row
+SEQ = 256  # a multiple of both kernels' blocks (128, 64); the tiny model's sliding window (64) is shorter than a row
 VOCAB = 512
 
 
@@ -36,8 +41,9 @@ def model_config():
     return config
 
 
-@pytest.mark.parametrize("lora_rank, remat", [(0, "none"), (4, "none"), (0, "full")])
-def test_splash_attention_equals_the_dense_mask_on_packed_rows(model_config, lora_rank, remat):
+@pytest.mark.parametrize("kernel, lora_rank, remat", [
+    ("splash", 0, "none"), ("splash", 4, "none"), ("splash", 0, "full"), ("flash", 4, "none"), ("flash", 0, "full")])
+def test_kernel_attention_equals_the_dense_mask_on_packed_rows(model_config, kernel, lora_rank, remat):
     """Also inside rematerialised blocks, where the kernel's segment ids cross the block's boundary."""
     model = models.build_model(model_config, dtype=jnp.float32, lora_rank=lora_rank)
     batch = packed_batch()
@@ -45,7 +51,7 @@ def test_splash_attention_equals_the_dense_mask_on_packed_rows(model_config, lor
     if lora_rank:  # B starts at 0: move it so that the adapters take part
         params = jax.tree_util.tree_map_with_path(
             lambda path, x: x + 0.02 if "lora" in jax.tree_util.keystr(path) else x, params)
-    splash = layers.LayerOptions(attention="splash", remat=remat, interpret=True)
+    kernel = layers.LayerOptions(attention=kernel, remat=remat, interpret=True)
     projection = jax.random.normal(jax.random.key(1), (model_config.embed_dim,))
 
     def objective(params, options):
@@ -53,13 +59,68 @@ def test_splash_attention_equals_the_dense_mask_on_packed_rows(model_config, lor
         return jnp.sum((hidden @ projection) * (batch["segment_ids"] > 0))
 
     dense_hidden = jax.jit(lambda p: loss.hidden_states(model, p, batch))(params)
-    splash_hidden = jax.jit(lambda p: loss.hidden_states(model, p, batch, splash))(params)
+    kernel_hidden = jax.jit(lambda p: loss.hidden_states(model, p, batch, kernel))(params)
     real = np.asarray(batch["segment_ids"] > 0)
-    np.testing.assert_allclose(np.asarray(splash_hidden)[real], np.asarray(dense_hidden)[real], atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(kernel_hidden)[real], np.asarray(dense_hidden)[real], atol=2e-5, rtol=1e-4)
     dense_grads = jax.jit(jax.grad(lambda p: objective(p, layers.LayerOptions())))(params)
-    splash_grads = jax.jit(jax.grad(lambda p: objective(p, splash)))(params)
-    for dense, kernel in zip(jax.tree.leaves(dense_grads), jax.tree.leaves(splash_grads)):
-        np.testing.assert_allclose(kernel, dense, atol=1e-4 * float(jnp.max(jnp.abs(dense))) + 1e-6, rtol=1e-3)
+    kernel_grads = jax.jit(jax.grad(lambda p: objective(p, kernel)))(params)
+    for dense, attended in zip(jax.tree.leaves(dense_grads), jax.tree.leaves(kernel_grads)):
+        np.testing.assert_allclose(attended, dense, atol=1e-4 * float(jnp.max(jnp.abs(dense))) + 1e-6, rtol=1e-3)
+
+
+def attention_inputs(dtype, *, heads: int = 4, kv_heads: int = 2, head_dim: int = 32):
+    """Scaled queries, keys and values of packed_batch's rows, with grouped-query heads."""
+    batch = packed_batch()
+    q, k, v = jax.random.split(jax.random.key(2), 3)
+    rows = batch["segment_ids"].shape
+    query = jax.random.normal(q, (*rows, heads, head_dim)) * head_dim**-0.5
+    key, value = (jax.random.normal(part, (*rows, kv_heads, head_dim)) for part in (k, v))
+    return (query.astype(dtype), key.astype(dtype), value.astype(dtype)), batch
+
+
+@pytest.mark.parametrize("window, dtype", [(None, jnp.float32), (64, jnp.float32), (100, jnp.float32), (100, jnp.bfloat16)])
+def test_flash_attention_equals_the_dense_mask(window, dtype):
+    """Outputs and the gradients of queries, keys and values; a window of 100 ends inside a block of 64.
+    In bfloat16 both are compared with the dense mask in float32, the flash kernel within bfloat16's error."""
+    inputs, batch = attention_inputs(dtype)
+    segments, positions = batch["segment_ids"], batch["positions"]
+    cotangent = jax.random.normal(jax.random.key(3), inputs[0].shape)
+    flash = jax.jit(lambda *x: flash_attention.flash_attention(*x, segments, window=window, interpret=True))
+    out, pullback = jax.vjp(flash, *inputs)
+    wide = [x.astype(jnp.float32) for x in inputs]
+    dense_out, dense_pullback = jax.vjp(lambda *x: dense_attention(*x, positions, segments, window=window), *wide)
+    tolerance = {"atol": 2e-5, "rtol": 1e-4} if dtype == jnp.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    np.testing.assert_allclose(np.asarray(out, np.float32), dense_out, **tolerance)
+    for grad, dense in zip(pullback(cotangent.astype(dtype)), dense_pullback(cotangent)):
+        assert grad.dtype == dtype
+        np.testing.assert_allclose(np.asarray(grad, np.float32), dense, **tolerance)
+
+
+def test_flash_attention_refuses_a_row_its_block_does_not_divide():
+    (query, key, value), batch = attention_inputs(jnp.float32)
+    with pytest.raises(ValueError, match="a row of 200 tokens is not a multiple of the block \\(64\\)"):
+        flash_attention.flash_attention(query[:, :200], key[:, :200], value[:, :200], batch["segment_ids"][:, :200],
+                                        window=None, interpret=True)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("attention, square", [("flash", False), ("dense", True)])
+def test_flash_attention_lowered_for_a_gpu_holds_no_square_tensor(model_config, attention, square):
+    """The tiny model's forward and backward passes lowered for an NVIDIA H200 from this CPU (Triton's
+    kernels are generated here; compiling them to PTX needs the GPU): the flash kernels appear as Triton
+    calls, and only the dense path holds a [.., L, L] tensor."""
+    model = models.build_model(model_config, dtype=jnp.bfloat16)
+    batch = packed_batch()
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), batch["input_tokens"][:, :8])["params"])
+    options = layers.LayerOptions(attention=attention)
+    objective = lambda p: jnp.sum(loss.hidden_states(model, p, batch, options).astype(jnp.float32))  # noqa: E731
+    h200 = jax.sharding.AbstractMesh((1,), ("rows",), abstract_device=jax.sharding.AbstractDevice(
+        device_kind="NVIDIA H200", num_cores=None, platform="gpu"))
+    with jax.sharding.use_abstract_mesh(h200):
+        lowered = jax.jit(jax.grad(objective)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    triton_calls = re.findall(r"xla\.gpu\.triton", lowered)
+    assert len(triton_calls) == (0 if square else 3 * model_config.num_layers)  # forward, dK/dV, dQ per layer
+    assert (re.search(rf"tensor<(\d+x)*{SEQ}x{SEQ}x", lowered) is not None) == square
 
 
 def test_a_wrong_window_would_be_caught(model_config):
@@ -112,9 +173,39 @@ def test_the_options_table_names_the_policies_there_are():
     from trainer import config, step
 
     assert (*step.remat_candidates("auto"),) == tuple(layers.REMAT_POLICIES) == config.REMATS[1:] == ("none", "dots", "full")
-    assert config.ATTENTIONS == ("auto", "dense", "splash")
+    assert config.ATTENTIONS == ("auto", "dense", *layers.KERNELS) == ("auto", "dense", "splash", "flash")
     assert layers.choose_attention("auto", platform="tpu", seq_len=1024) == "splash"
     assert layers.choose_attention("auto", platform="tpu", seq_len=1000) == "dense"  # the kernel's blocks are 128
+    assert layers.choose_attention("auto", platform="gpu", seq_len=1024) == "flash"
+    assert layers.choose_attention("auto", platform="gpu", seq_len=1088) == "flash"  # 17 blocks of 64
+    assert layers.choose_attention("auto", platform="gpu", seq_len=1000) == "dense"
     assert layers.choose_attention("auto", platform="cpu", seq_len=1024) == "dense"
+    assert layers.choose_attention("flash", platform="cpu", seq_len=1024) == "flash"  # the interpreter, for tests
+    assert layers.interpreted("flash", "cpu") and not layers.interpreted("flash", "gpu") and layers.interpreted("splash", "cpu")
     with pytest.raises(UserError, match="^--attention splash: --seq-len 1000 must be a multiple of 128"):
         layers.choose_attention("splash", platform="tpu", seq_len=1000)
+    with pytest.raises(UserError, match="^--attention flash: --seq-len 1000 must be a multiple of 64"):
+        layers.choose_attention("flash", platform="gpu", seq_len=1000)
+    with pytest.raises(UserError, match="^--attention flash: the kernel runs on gpu, this run is on tpu; use --attention auto"):
+        layers.choose_attention("flash", platform="tpu", seq_len=1024)
+
+
+def test_a_run_with_the_flash_kernel_trains_as_the_dense_mask_does(tmp_path, prepared_dir, tokenizer_path):
+    """`python -m trainer --attention flash` on the CPU (the kernel in the interpreter): config.json names
+    the kernel, and the first steps' losses are the dense run's."""
+    from trainer import loop
+    from trainer.config import parse_config
+    from trainer.metrics import read_metrics
+
+    def run(attention):
+        workdir = tmp_path / attention
+        loop.train(parse_config([
+            "--model", "tiny", "--weights", "random", "--data", str(prepared_dir), "--tokenizer", str(tokenizer_path),
+            "--workdir", str(workdir), "--seq-len", "128", "--batch-size", "4", "--steps", "2", "--log-interval", "1",
+            "--eval-fraction", "0", "--no-samples", "--compute-dtype", "float32", "--attention", attention]))
+        recorded = json.loads((workdir / "config.json").read_text())["attention_kind"]
+        return recorded, [r["loss"] for r in read_metrics(workdir / "metrics.jsonl") if "loss" in r]
+
+    (flash, flash_losses), (dense, dense_losses) = run("flash"), run("dense")
+    assert (flash, dense) == ("flash", "dense")
+    assert len(flash_losses) == 2 and flash_losses == pytest.approx(dense_losses, rel=1e-5)

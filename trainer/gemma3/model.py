@@ -5,9 +5,9 @@ hidden states [B, L, D] of packed rows; the loss head (trainer.loss) multiplies 
 embedding. A packed row holds several documents: `positions` restart at 0 in each, and a token sees
 only earlier tokens of its own segment (and, in a local layer, only the last `sliding_window_size`).
 
-`options.attention` picks how: "dense" builds that [B, L, L] mask (CPU, and any length); "splash" runs
-Pallas' splash attention kernel, which reads the segment ids and the window as block-sparse masks so
-no [L, L] tensor exists (trainer.layers). `options.remat` rematerialises each block.
+`options.attention` picks how: "dense" builds that [B, L, L] mask (CPU, and any length); "splash" (TPU)
+and "flash" (GPU) run Pallas kernels that read the segment ids and the window, so no [L, L] tensor
+exists (trainer.layers). `options.remat` rematerialises each block.
 
 LoRA (`lora_rank`): every projection weight W of a block gets factors A (W's input axes, rank) and
 B (rank, W's output axes), B starting at zero, in the tree places gemma's `gm.nn.LoRA` gives them.
@@ -163,8 +163,8 @@ class SelfAttention(_Module):
         query = rope(query, positions, base_frequency=base_frequency, scale_factor=scale_factor) * c.query_pre_attn_scalar**-0.5
         key = rope(key, positions, base_frequency=base_frequency, scale_factor=scale_factor)
         window = c.sliding_window_size if self.kind is Attention.LOCAL else None
-        if self.options.attention == "splash":
-            encoded = layers.packed_splash_attention(self.options, query, key, value, segment_ids, window=window)
+        if self.options.attention in layers.KERNELS:
+            encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window)
         else:
             encoded = dense_attention(query, key, value, positions, segment_ids, window=window)
         return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, name="attn_vec_einsum")("BTNH,NHD->BTD", encoded)

@@ -10,8 +10,8 @@ and shardings only. Two figures need care:
   log-sum-exp (trainer.loss): a forward map and, under jax.checkpoint, a backward map that
   recomputes a chunk's logits and takes both gradients. The compiler's cost of one chunk's forward
   and backward bodies (compiled alone on the same mesh) times the (chunks - 1) missing iterations
-  is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash
-  attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
+  is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash or
+  flash attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,
   and the backward's reads and gradients).
@@ -29,7 +29,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer import hbm, mesh, models, precision, step, tpu_flags, vocab_chunk
+from trainer import hbm, layers, mesh, models, precision, step, tpu_flags, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import collectives, compile_answers, flops, hbm_traffic, windowed_loops
@@ -71,7 +71,7 @@ class CompiledStep:
     device_kind: str
     chips: int
     batch_size: int
-    attention: str  # dense or splash, as --attention auto chose
+    attention: str  # dense or a kernel (trainer.layers.KERNELS), as --attention auto chose
     remat: str  # the rematerialisation policy that fits, as --remat auto chose
     vocab_chunk: int | None  # the loss head's vocabulary chunk, as --vocab-chunk auto chose (None: plain logits)
     arguments: int
@@ -103,8 +103,8 @@ class CompiledStep:
 
 
 def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
-    """(FLOPs, bytes) per chip of the splash attention kernels, which the cost analysis cannot see."""
-    if run_step.layers.attention != "splash":
+    """(FLOPs, bytes) per chip of the attention kernels (splash, flash), which the cost analysis cannot see."""
+    if run_step.layers.attention not in layers.KERNELS:
         return 0.0, 0.0
     tokens_per_chip = config.batch_size * config.seq_len / run_step.device_mesh.size
     heads, kv_heads, head_dim = model_config.num_heads, model_config.num_kv_heads, model_config.head_dim

@@ -63,7 +63,7 @@ class _Tensors:
         for name in files:
             path = epath.Path(directory) / name
             if not path.exists():
-                raise UserError(f"{flag} {directory}: {name} is missing (a shard its index names); download it again")
+                raise UserError(f"{flag} {directory}: {name} is missing; copy the whole directory")
             try:
                 file = SafetensorsFile(path)
             except NotSafetensors as error:

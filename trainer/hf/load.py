@@ -92,13 +92,20 @@ class _Tensors:
         if got != want:
             raise UserError(f"{self.flag} {self.directory}: {stored} is {list(got)}, {what} needs {list(want)}")
 
-    def part_block(self, tensor: hf_weights.Tensor, stored: str, shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
-        """The block `index` of a gm weight (or fused part) of `shape`, from the rows of the stored tensor it needs."""
+    def part_block(self, tensor: hf_weights.Tensor, stored: str, shape: tuple[int, ...], index: tuple[slice, ...],
+                   read: dict | None = None) -> np.ndarray:
+        """The block `index` of a gm weight (or fused part) of `shape`, from the rows of the stored tensor it
+        needs; `read` keeps the rows read for the weight's other blocks (a process's devices whose blocks
+        need the same rows, as replicas or a split across a row, read them once)."""
         layout = tensor.layout
         axis = layout.row_axis % len(shape)
         start, stop, _ = index[axis].indices(shape[axis])
         per_index = layout.rows_per_index(shape)
-        rows = self.location[stored].rows(stored, start * per_index, stop * per_index)
+        key = (stored, start * per_index, stop * per_index)
+        read = {} if read is None else read
+        if key not in read:
+            read[key] = self.location[stored].rows(*key)
+        rows = read[key]
         block = layout.from_hf(rows, (*shape[:axis], stop - start, *shape[axis + 1:]))
         return block[tuple(slice(None) if i == axis else s for i, s in enumerate(index))]
 
@@ -110,21 +117,13 @@ class _Tensors:
             by_source.setdefault(tensor.source, []).append(tensor)
 
         def array(path, leaf, sharding):
-            source = tuple(key.key for key in path)
-            found = by_source[source]
-            read = {}  # devices holding the same block (replicas) read it once
-
-            def block(index):
-                key = tuple(s.indices(n) for s, n in zip(index, leaf.shape))
-                if key not in read:
-                    read[key] = self._block(found, prefix, tuple(leaf.shape), index, scale)
-                return read[key]
-
-            return jax.make_array_from_callback(tuple(leaf.shape), sharding, block)
+            found, read = by_source[tuple(key.key for key in path)], {}
+            return jax.make_array_from_callback(
+                tuple(leaf.shape), sharding, lambda index: self._block(found, prefix, tuple(leaf.shape), index, scale, read))
 
         return jax.tree_util.tree_map_with_path(array, expected, shardings)
 
-    def _block(self, tensors, prefix, shape, index, scale) -> np.ndarray:
+    def _block(self, tensors, prefix, shape, index, scale, read: dict) -> np.ndarray:
         first = tensors[0]
         if first.part is None:  # one tensor (or equal ones, as k's and v's LoRA A: the first)
             parts = [(first, shape, index)]
@@ -133,7 +132,7 @@ class _Tensors:
             rest = index[:axis] + index[axis + 1:]
             chosen = range(shape[axis])[index[axis]]
             parts = [(tensors[k], first.part_shape(shape), rest) for k in chosen]
-        blocks = [self.part_block(t, self.stored_name(t.name, prefix), s, i).astype(np.float32) * np.float32(scale(t.name))
+        blocks = [self.part_block(t, self.stored_name(t.name, prefix), s, i, read).astype(np.float32) * np.float32(scale(t.name))
                   for t, s, i in parts]
         return blocks[0] if first.part is None else np.stack(blocks, axis=first.part[0])
 

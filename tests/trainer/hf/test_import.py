@@ -175,3 +175,34 @@ def test_a_peft_adapter_on_a_sharded_model_gives_peft_logits(made):
 def test_an_adapter_with_separate_k_and_v_a_is_refused(made):
     with pytest.raises(UserError, match="k_proj.lora_A.weight and .*v_proj.lora_A.weight differ"):
         load_adapter(made["root"] / "unshared_adapter", made["config"])
+
+
+def test_each_process_of_a_job_reads_only_its_shards_bytes(exported, tmp_path):
+    """Two processes, FSDP over their four devices: each holds the directory's values in its shards and
+    reads part of the bytes (the rows of its blocks; replicated small weights and blocks whose rows are
+    every row, as down_proj's split by its columns, in full)."""
+    import os
+    import socket
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+                   "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    records = [tmp_path / f"process{i}.json" for i in range(2)]
+    processes = [subprocess.Popen([sys.executable, "-m", "tests.trainer.hf.distributed_load", str(record),
+                                   str(exported["root"] / "model"), str(exported["config"].num_embed), str(port), "2", str(i)],
+                                  cwd=REPO, env=environment, stderr=subprocess.PIPE, text=True)
+                 for i, record in enumerate(records)]
+    try:
+        errors = [process.communicate(timeout=300)[1] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert [process.returncode for process in processes] == [0, 0], errors
+    for record in map(lambda path: json.loads(path.read_text()), records):
+        print(f"read {record['bytes_read']} of {record['bytes']} bytes ({record['bytes_read'] / record['bytes']:.0%})")
+        assert record["matches"] and record["devices"] == 4 and record["split_arrays"] > 0
+        assert record["bytes_read"] < 0.8 * record["bytes"]  # 72%: the embedding and gate/up rows halved

@@ -56,7 +56,11 @@ class SafetensorsFile:
                 header = json.loads(file.read(length))
             except (UnicodeDecodeError, json.JSONDecodeError) as error:
                 raise NotSafetensors(f"{self.path}: its header is not JSON ({error})") from None
+            size = file.seek(0, 2)
         data_start = _HEADER_LENGTH + length
+        ends = [info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"]
+        if data_start + max(ends, default=0) > size:
+            raise NotSafetensors(f"{self.path} is cut short ({size} bytes; its header describes {data_start + max(ends)})")
         self.entries: dict[str, Entry] = {}
         for name, info in header.items():
             if name == "__metadata__":

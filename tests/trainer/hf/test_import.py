@@ -206,3 +206,15 @@ def test_each_process_of_a_job_reads_only_its_shards_bytes(exported, tmp_path):
         print(f"read {record['bytes_read']} of {record['bytes']} bytes ({record['bytes_read'] / record['bytes']:.0%})")
         assert record["matches"] and record["devices"] == 4 and record["split_arrays"] > 0
         assert record["bytes_read"] < 0.8 * record["bytes"]  # 72%: the embedding and gate/up rows halved
+
+
+def test_a_cut_short_shard_is_named(exported, tmp_path):
+    import shutil
+
+    shutil.copytree(exported["root"] / "model", tmp_path / "model")
+    shard = sorted((tmp_path / "model").glob("model-*.safetensors"))[-1]
+    with shard.open("r+b") as file:
+        file.truncate(shard.stat().st_size - 2)
+    with pytest.raises(UserError, match=f"^--weights {tmp_path / 'model'}: {shard.name} is no weights file this trainer reads "
+                                        r"\(.* is cut short \("):
+        hf_load.ModelDirectory(str(tmp_path / "model"))

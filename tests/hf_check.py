@@ -8,6 +8,12 @@ the results with the JAX model. The plan (JSON):
 Each model's float32 logits [rows, tokens, vocab] go to its .npy (positions 0.., no padding); each
 tokenizer's ids of `text` (with and without special tokens) and, given messages, its chat
 template's text go to its .json.
+
+For the import tests (tests/trainer/hf/test_import.py), the plan's "made" entries come first: each
+makes a random Gemma 3 with transformers' own classes, {"text_config": {...}, "multimodal": bool,
+"max_shard_size": STR or null, "out": DIR}, and optionally a PEFT adapter on it, "adapter": {"r", "lora_alpha",
+"share_a": bool, "out": DIR} (share_a: v_proj's lora_A is k_proj's and up_proj's gate_proj's, as this
+trainer's LoRA keeps them); "logits": FILE.npy gets the model's (with the adapter's) logits of "tokens".
 """
 
 import json
@@ -29,6 +35,42 @@ def logits(model_dir: str, adapter_dir: str | None, tokens: list[list[int]]) -> 
         return model(input_ids=torch.tensor(tokens)).logits.float().numpy()
 
 
+def made(case: dict) -> None:
+    """A random Gemma 3 (and PEFT adapter) saved as transformers and PEFT save them, with its logits."""
+    torch.manual_seed(0)
+    text = transformers.Gemma3TextConfig(**case["text_config"])
+    if case["multimodal"]:
+        config = transformers.Gemma3Config(text_config=text.to_dict(), mm_tokens_per_image=4, vision_config={
+            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "image_size": 28, "patch_size": 14})
+        model = transformers.Gemma3ForConditionalGeneration(config)
+    else:
+        model = transformers.Gemma3ForCausalLM(text)
+    with torch.no_grad():
+        for parameter in model.parameters():  # norm scales too: (1 + w) against w would show
+            parameter.normal_(0.0, 0.1)
+    model.eval()
+    model.save_pretrained(case["out"], max_shard_size=case.get("max_shard_size") or "5GB")
+    adapter = case.get("adapter")
+    if adapter:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=adapter["r"], lora_alpha=adapter["lora_alpha"], init_lora_weights=False,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        if adapter["share_a"]:
+            modules = dict(model.named_modules())
+            with torch.no_grad():
+                for name, module in modules.items():
+                    for first, second in (("k_proj", "v_proj"), ("gate_proj", "up_proj")):
+                        if name.endswith(second) and hasattr(module, "lora_A"):
+                            module.lora_A["default"].weight.copy_(modules[name[: -len(second)] + first].lora_A["default"].weight)
+        model.save_pretrained(adapter["out"])
+        model.eval()
+    with torch.no_grad():
+        np.save(case["logits"], model(input_ids=torch.tensor(case["tokens"])).logits.float().numpy())
+
+
 def tokenized(directory: str, text: str, messages) -> dict:
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     result = {
@@ -43,6 +85,8 @@ def tokenized(directory: str, text: str, messages) -> dict:
 
 def main(plan_path: str) -> None:
     plan = json.loads(open(plan_path, encoding="utf-8").read())
+    for case in plan.get("made", []):
+        made(case)
     for case in plan.get("models", []):
         np.save(case["out"], logits(case["model"], case.get("adapter"), case["tokens"]))
     for case in plan.get("tokenizers", []):

@@ -57,7 +57,7 @@ class TrainConfig:
     """The resolved options of one run (written to WORKDIR/config.json)."""
 
     model: str = "gemma3-270m"
-    weights: str = "official"  # official | random | a local or gs:// checkpoint path
+    weights: str = "official"  # official | random | a local or gs:// checkpoint path or Hugging Face directory
     tokenizer: str | None = None  # None: the model's official tokenizer (required for `tiny`)
     data: str | None = None  # raw text, JSONL or Parquet file, or a `trainer.data.prepare` output directory
     data_format: str = formats.AUTO  # how a raw --data file is read (trainer.data.formats)
@@ -73,6 +73,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     lora_rank: int = 0
+    lora_weights: str | None = None  # a PEFT adapter directory the LoRA run starts from (trainer.hf.load)
     compute_dtype: str = "auto"
     optimizer_state_dtype: str = "float32"  # OPTIMIZER_STATE_DTYPES
     attention: str = "auto"  # ATTENTIONS
@@ -233,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     add = parser.add_argument
     add("--model", choices=model_names(), help=f"model to fine-tune (default {d.model})")
-    add("--weights", help=f"initial weights: official (Google's pre-trained checkpoint of the model), random, or a path of Gemma parameters as gm.ckpts.save_params and this trainer's export write them (default {d.weights})")
+    add("--weights", help="initial weights: official (Google's pre-trained checkpoint of the model), random, a path of Gemma parameters "
+        "as gm.ckpts.save_params and this trainer's export write them, or a Hugging Face Gemma 3 directory (config.json and "
+        f"safetensors, e.g. a google/gemma-3-*-it download or python -m trainer.hf.export's output) (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
     add("--data", help="a raw file, prepared once into WORKDIR/data_cache: text (documents separated by <|endoftext|>), JSON Lines "
         "(.jsonl) or Parquet (.parquet) of text, chat (messages) or prompt/response rows; or a directory made by python -m trainer.data.prepare")
@@ -253,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--weight-decay", type=_non_negative_float, help=f"AdamW weight decay on matrices (default {d.weight_decay})")
     add("--grad-clip", type=_positive_float, help=f"clip gradients to this global norm (default {d.grad_clip})")
     add("--lora-rank", type=_non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
+    add("--lora-weights", help="a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) for the LoRA run to "
+        "start from, on its base --weights; its r is --lora-rank")
     add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
         "auto: bfloat16 on TPU, GPU and CPUs with native bfloat16 instructions, else float32 (default auto)")
     add("--optimizer-state-dtype", choices=OPTIMIZER_STATE_DTYPES, help="dtype of AdamW's first moment: bfloat16 saves 2 bytes a "
@@ -374,6 +379,8 @@ def _run_length(layers: list[dict[str, Any]]) -> dict[str, Any]:
 def _check_consistency(config: TrainConfig) -> None:
     if config.model == "tiny" and config.weights == "official":
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
+    if config.lora_weights and not config.lora_rank:
+        raise UserError(f"--lora-weights {config.lora_weights} continues a LoRA run: pass --lora-rank, the adapter's r")
     if config.preset is None:
         if config.data is None:
             raise UserError("--data is required: a raw text, JSONL or Parquet file or a python -m trainer.data.prepare directory "

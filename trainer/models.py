@@ -19,6 +19,7 @@ from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
 from trainer.gemma3.config import Gemma3Config
 from trainer.gemma3.model import LORA, Transformer
+from trainer.hf import load as hf_load
 
 Params = dict[str, Any]
 
@@ -161,13 +162,20 @@ def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
             return jax.eval_shape(lambda: init_params(model_config, seed=config.seed, out_shardings=shard)), None
         return _base_weights(config, model_config, shard), None
     base = _base_weights(config, model_config, shard)
-    return init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard), base
+    fresh = lambda: init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)  # noqa: E731
+    if config.lora_weights and not resuming:  # a resumed run's adapters are its checkpoint's
+        expected = jax.eval_shape(fresh)
+        return hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected)), base
+    return fresh(), base
 
 
 def _base_weights(config: TrainConfig, model_config, shard):
-    """The model's weights as --weights gives them: random, the official checkpoint or a checkpoint path."""
+    """The model's weights as --weights gives them: random, the official checkpoint, a checkpoint path or
+    a Hugging Face directory."""
     if config.weights == "random":
         return init_params(model_config, seed=config.seed, out_shardings=shard)
     path = official_checkpoint(config.model) if config.weights == "official" else config.weights
     expected = jax.eval_shape(lambda: init_params(model_config, seed=config.seed))
+    if config.weights != "official" and hf_load.is_model_directory(path):
+        return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected))
     return load_weights(path, flag="--weights", expected=expected, out_shardings=shard)

@@ -9,7 +9,7 @@ from infra.errors import ConfigError
 from trainer.data import chat, formats
 from trainer import config as trainer_config  # the trainer's options: their defaults and models
 
-WEIGHTS = ("official", "random")  # or a gs:// checkpoint
+WEIGHTS = ("official", "random")  # or a gs:// checkpoint or Hugging Face directory
 TINYSTORIES_URL = (
     "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt"
 )
@@ -42,7 +42,7 @@ class TrainerOption:
 
 TRAINER_OPTIONS = (
     TrainerOption(key="model", field="model", option="model", kind="text", what="a Gemma 3 model (tiny is refused: see below)"),
-    TrainerOption(key="weights", field="weights", option="weights", kind="text", what="official, random or a gs:// checkpoint"),
+    TrainerOption(key="weights", field="weights", option="weights", kind="text", what="official, random, or a gs:// checkpoint or Hugging Face directory"),
     # Gemma 3's shortest context window is 32K tokens.
     TrainerOption(key="seqLen", field="seq_len", option="seq_len", kind="integer", minimum=16, maximum=32768,
                   what="tokens per packed row"),
@@ -108,7 +108,7 @@ def parse_training(section: Section, *, name_key: str = "runName") -> TrainingCo
     by_key = {option.key: option for option in TRAINER_OPTIONS}
     weights = _read_option(section, by_key["weights"])
     if weights not in WEIGHTS and not weights.startswith("gs://"):
-        raise ConfigError(f"{section.key('weights')} is {weights!r}; choose one of {', '.join(WEIGHTS)} or a gs:// checkpoint")
+        raise ConfigError(f"{section.key('weights')} is {weights!r}; choose one of {', '.join(WEIGHTS)}, or a gs:// checkpoint or Hugging Face directory")
     dataset = section.text("dataset", TINYSTORIES_URL)
     if not dataset.startswith(("https://", "gs://")):
         raise ConfigError(f"{section.key('dataset')} is {dataset!r}; give an https:// URL or a gs:// path")

@@ -204,7 +204,7 @@ CASES = (
              "the demo's own data; choose one of gemma3-270m, gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b (run the "
              "demo with `make demo`)"),
     BadStack(case="weights neither a choice nor gs://", config={"gemma-tpu:training": {"weights": "latest"}},
-             error="gemma-tpu:training.weights is 'latest'; choose one of official, random or a gs:// checkpoint"),
+             error="gemma-tpu:training.weights is 'latest'; choose one of official, random, or a gs:// checkpoint or Hugging Face directory"),
     BadStack(case="dataset not a URL", config={"gemma-tpu:training": {"dataset": "ftp://x/y.txt"}},
              error="gemma-tpu:training.dataset is 'ftp://x/y.txt'; give an https:// URL or a gs:// path"),
     BadStack(case="sequence too short", config={"gemma-tpu:training": {"seqLen": 8}},

@@ -10,8 +10,10 @@ import io
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import safetensors.numpy
 
 from trainer.data.corpus import SEPARATOR
 
@@ -111,6 +113,8 @@ CASES = (
     BadRun(section=FLAGS, case="both --steps and --epochs", args=("--epochs", "3"),
            error="--steps 2 and --epochs 3 contradict each other: give --steps (a number of steps) or --epochs "
            "(passes over the data), not both"),
+    BadRun(section=FLAGS, case="LoRA weights without a LoRA rank", args=("--lora-weights", "adapter"),
+           error="--lora-weights adapter continues a LoRA run: pass --lora-rank, the adapter's r"),
     BadRun(section=FLAGS, case="official weights of the tiny model", args=("--weights", "official"),
            error="--model tiny has no official weights: use --weights random or a checkpoint path"),
     BadRun(section=FLAGS, case="no --data", base=False, args=("--model", "gemma3-1b"),
@@ -254,6 +258,31 @@ CASES = (
            provided={"first": "a finished run with tokenizer.model", "other.model": "a tokenizer of 400 pieces"},
            error="--weights first/export/params: does not fit the model: ['embedder']['input_embedding'] is (512, 128) in "
            "the checkpoint, the model needs (400, 128) (another --model, or a tokenizer with another vocabulary size?)"),
+    BadRun(section=MODEL_FILES, case="Hugging Face directory of another model", args=("--weights", "llama"),
+           files={"llama/config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).encode()},
+           error="--weights llama: not a Gemma 3 model (config.json: architectures ['LlamaForCausalLM'], model_type 'llama'); "
+           "give a Gemma3ForCausalLM or Gemma3ForConditionalGeneration directory"),
+    BadRun(section=MODEL_FILES, case="Hugging Face directory missing a shard", args=("--weights", "gemma"),
+           files={"gemma/config.json": json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}).encode(),
+                  "gemma/model.safetensors.index.json": json.dumps({"weight_map": {
+                      "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                      "model.norm.weight": "model-00002-of-00002.safetensors"}}).encode()},
+           described="(config.json and an index of two shards, without the shards)",
+           error="--weights gemma: model-00001-of-00002.safetensors is missing; copy the whole directory"),
+    BadRun(section=MODEL_FILES, case="Hugging Face directory of another architecture", args=("--model", "gemma3-270m",
+           "--weights", "first/export/hf"), provided={"first": "a finished run with tokenizer.model"},
+           error="--weights first/export/hf: config.json's hidden_size is 128, --model gemma3-270m has 640; pass the --model "
+           "the checkpoint is"),
+    BadRun(section=MODEL_FILES, case="Hugging Face directory of another vocabulary", args=("--weights", "first/export/hf",
+           "--tokenizer", "other.model", "--data", "stories.txt"), files={"stories.txt": f"{STORY}{SEPARATOR}".encode() * 20},
+           provided={"first": "a finished run with tokenizer.model", "other.model": "a tokenizer of 400 pieces"},
+           error="--weights first/export/hf: its embedding has 512 rows, --model tiny with --tokenizer other.model (400 pieces) "
+           "has 400; use the tokenizer the checkpoint was trained with"),
+    BadRun(section=MODEL_FILES, case="LoRA adapter of another rank", args=("--lora-rank", "4", "--lora-weights", "adapter"),
+           files={"adapter/adapter_config.json": json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8}).encode(),
+                  "adapter/adapter_model.safetensors": safetensors.numpy.save({"x": np.zeros(1, np.float32)})},
+           described="(a PEFT adapter of r 8)",
+           error="--lora-weights adapter: the adapter's rank (r) is 8, the run's --lora-rank 4; pass --lora-rank 8"),
     BadRun(section=MODEL_FILES, case="checkpoints of another model", args=("--checkpoint-dir", "first/checkpoints",
            "--lora-rank", "4"), provided={"first": "a finished run with tokenizer.model"},
            error="--checkpoint-dir first/checkpoints: no checkpoint there restores into this run (step 1: ValueError: "

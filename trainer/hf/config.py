@@ -45,3 +45,37 @@ def model_config_json(config: Gemma3Config, *, dtype: str, bos_id: int, eos_id: 
         "pad_token_id": pad_id,
         "use_cache": True,
     }
+
+
+# Gemma3TextConfig's defaults (transformers 4.5x and 5 alike), which a saved config may leave out: the
+# text_config of Google's multimodal checkpoints lists only the keys that differ from them.
+TEXT_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+                 "sliding_window": 4096, "sliding_window_pattern": 6, "rope_theta": 1_000_000.0,
+                 "rope_local_base_freq": 10_000.0, "rope_scaling": None, "final_logit_softcapping": None,
+                 "hidden_activation": "gelu_pytorch_tanh"}
+
+
+def architecture(text_config: dict) -> dict:
+    """What decides the text model's computation, from a Gemma 3 text config.json of either transformers
+    generation (4.5x: rope_theta, rope_local_base_freq, rope_scaling; 5: rope_parameters by layer type)."""
+    config = {**TEXT_DEFAULTS, **text_config}
+    layers = config["num_hidden_layers"]
+    pattern = config.get("_sliding_window_pattern") or config["sliding_window_pattern"]
+    layer_types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    rope = config.get("rope_parameters") or {
+        "full_attention": {"rope_theta": config["rope_theta"], **(config["rope_scaling"] or {})},
+        "sliding_attention": {"rope_theta": config["rope_local_base_freq"]},
+    }
+    softcap = config["final_logit_softcapping"]
+    return {
+        **{key: config[key] for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                        "num_key_value_heads", "head_dim", "hidden_activation")},
+        "query_pre_attn_scalar": float(config["query_pre_attn_scalar"]),
+        "sliding_window": config["sliding_window"],
+        "layer_types": list(layer_types),
+        "rope_theta": float(rope["full_attention"]["rope_theta"]),
+        "rope_local_base_freq": float(rope["sliding_attention"]["rope_theta"]),
+        "rope_scaling_factor": float(rope["full_attention"].get("factor") or 1.0),
+        "final_logit_softcapping": None if softcap is None else float(softcap),
+    }

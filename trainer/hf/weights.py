@@ -1,5 +1,8 @@
 """Where each Gemma 3 weight (trainer.gemma3, gemma's tree) goes in Hugging Face's Gemma3ForCausalLM, and LoRA adapters in PEFT's.
 
+One table serves both directions: trainer.hf.export writes a run's tree with it, trainer.hf.load reads
+a Hugging Face directory back into one.
+
 The model keeps a projection as an einsum weight with named axes (q_einsum [heads, embed, head_dim],
 kv_einsum [k|v, kv_heads, embed, head_dim], attn_vec_einsum [heads, head_dim, embed],
 gating_einsum [gate|up, hidden, embed], linear [hidden, embed]); torch's nn.Linear keeps [out, in]
@@ -24,6 +27,39 @@ import numpy as np
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 PEFT_PREFIX = "base_model.model."
+EMBEDDING = "model.embed_tokens.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a gm weight is laid out as a torch tensor, both ways. A run of the torch tensor's rows
+    (its first axis) is an index range of the gm axis `row_axis`, `rows_per_index(gm shape)` rows an
+    index (the axes flattened after it into a row): a part of the weight reads only its rows."""
+
+    to_hf: Callable[[np.ndarray], np.ndarray]
+    from_hf: Callable[[np.ndarray, tuple[int, ...]], np.ndarray]  # (torch rows, the gm shape they make) -> gm
+    row_axis: int
+    rows_per_index: Callable[[tuple[int, ...]], int] = lambda shape: 1
+
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The torch tensor's shape for a gm weight of `shape` (laid out without touching memory)."""
+        return self.to_hf(np.broadcast_to(np.zeros((), np.int8), shape)).shape
+
+
+SAME = Layout(lambda w: w, lambda t, shape: t.reshape(shape), row_axis=0)
+# [heads, embed, head_dim] <-> [heads * head_dim, embed]
+HEADS_OUT = Layout(lambda w: w.transpose(0, 2, 1).reshape(-1, w.shape[1]),
+                   lambda t, shape: t.reshape(shape[0], shape[2], shape[1]).transpose(0, 2, 1),
+                   row_axis=0, rows_per_index=lambda shape: shape[2])
+# [heads, head_dim, embed] <-> [embed, heads * head_dim]
+HEADS_IN = Layout(lambda w: w.reshape(-1, w.shape[-1]).T, lambda t, shape: t.T.reshape(shape), row_axis=2)
+# [hidden, embed] <-> [embed, hidden]
+TRANSPOSE = Layout(lambda w: w.T, lambda t, shape: t.T.reshape(shape), row_axis=1)
+# LoRA A [input axes..., r] <-> PEFT's lora_A [r, inputs]
+A_RANK_LAST = Layout(lambda a: a.reshape(-1, a.shape[-1]).T, lambda t, shape: t.T.reshape(shape), row_axis=-1)
+# LoRA B [r, output axes...] <-> PEFT's lora_B [outputs, r]
+B_RANK_FIRST = Layout(lambda b: b.reshape(b.shape[0], -1).T, lambda t, shape: t.T.reshape(shape), row_axis=1,
+                      rows_per_index=lambda shape: math.prod(shape[2:]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,70 +69,49 @@ class Tensor:
 
     name: str
     source: tuple[str, ...]
-    convert: Callable[[np.ndarray], np.ndarray]
+    layout: Layout
     part: tuple[int, int] | None = None
+
+    def part_shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of its part of a gm parameter of `source_shape`."""
+        return tuple(size for axis, size in enumerate(source_shape) if not self.part or axis != self.part[0])
 
     def size(self, source_shape: tuple[int, ...]) -> int:
         """Its number of elements, from the gm parameter's shape."""
-        return math.prod(source_shape) // (source_shape[self.part[0]] if self.part else 1)
+        return math.prod(self.part_shape(source_shape))
+
+    def hf_shape(self, source_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return self.layout.hf_shape(self.part_shape(source_shape))
 
     def of(self, source: np.ndarray) -> np.ndarray:
         """The tensor, from the gm parameter's value."""
-        return self.convert(np.take(source, self.part[1], axis=self.part[0]) if self.part else source)
-
-
-def _same(w: np.ndarray) -> np.ndarray:
-    return w
-
-
-def _heads_out(w: np.ndarray) -> np.ndarray:
-    """[heads, embed, head_dim] -> [heads * head_dim, embed]."""
-    return w.transpose(0, 2, 1).reshape(-1, w.shape[1])
-
-
-def _heads_in(w: np.ndarray) -> np.ndarray:
-    """[heads, head_dim, embed] -> [embed, heads * head_dim]."""
-    return w.reshape(-1, w.shape[-1]).T
-
-
-def _transpose(w: np.ndarray) -> np.ndarray:
-    return w.T
+        return self.layout.to_hf(np.take(source, self.part[1], axis=self.part[0]) if self.part else source)
 
 
 def model_tensors(config) -> list[Tensor]:
     """Every tensor of Gemma3ForCausalLM for a plain (LoRA-free) gm tree of `config`."""
     tensors = [
-        Tensor("model.embed_tokens.weight", ("embedder", "input_embedding"), _same),
-        Tensor("model.norm.weight", ("final_norm", "scale"), _same),
+        Tensor(EMBEDDING, ("embedder", "input_embedding"), SAME),
+        Tensor("model.norm.weight", ("final_norm", "scale"), SAME),
     ]
     for i in range(config.num_layers):
         layer, name = f"layer_{i}", f"model.layers.{i}."
         tensors += [
-            Tensor(name + "input_layernorm.weight", (layer, "pre_attention_norm", "scale"), _same),
-            Tensor(name + "post_attention_layernorm.weight", (layer, "post_attention_norm", "scale"), _same),
-            Tensor(name + "pre_feedforward_layernorm.weight", (layer, "pre_ffw_norm", "scale"), _same),
-            Tensor(name + "post_feedforward_layernorm.weight", (layer, "post_ffw_norm", "scale"), _same),
-            Tensor(name + "self_attn.q_norm.weight", (layer, "attn", "_query_norm", "scale"), _same),
-            Tensor(name + "self_attn.k_norm.weight", (layer, "attn", "_key_norm", "scale"), _same),
-            Tensor(name + "self_attn.q_proj.weight", (layer, "attn", "q_einsum", "w"), _heads_out),
-            Tensor(name + "self_attn.k_proj.weight", (layer, "attn", "kv_einsum", "w"), _heads_out, (0, 0)),
-            Tensor(name + "self_attn.v_proj.weight", (layer, "attn", "kv_einsum", "w"), _heads_out, (0, 1)),
-            Tensor(name + "self_attn.o_proj.weight", (layer, "attn", "attn_vec_einsum", "w"), _heads_in),
-            Tensor(name + "mlp.gate_proj.weight", (layer, "mlp", "gating_einsum"), _same, (0, 0)),  # [2, hidden, embed]: [out, in]
-            Tensor(name + "mlp.up_proj.weight", (layer, "mlp", "gating_einsum"), _same, (0, 1)),
-            Tensor(name + "mlp.down_proj.weight", (layer, "mlp", "linear"), _transpose),
+            Tensor(name + "input_layernorm.weight", (layer, "pre_attention_norm", "scale"), SAME),
+            Tensor(name + "post_attention_layernorm.weight", (layer, "post_attention_norm", "scale"), SAME),
+            Tensor(name + "pre_feedforward_layernorm.weight", (layer, "pre_ffw_norm", "scale"), SAME),
+            Tensor(name + "post_feedforward_layernorm.weight", (layer, "post_ffw_norm", "scale"), SAME),
+            Tensor(name + "self_attn.q_norm.weight", (layer, "attn", "_query_norm", "scale"), SAME),
+            Tensor(name + "self_attn.k_norm.weight", (layer, "attn", "_key_norm", "scale"), SAME),
+            Tensor(name + "self_attn.q_proj.weight", (layer, "attn", "q_einsum", "w"), HEADS_OUT),
+            Tensor(name + "self_attn.k_proj.weight", (layer, "attn", "kv_einsum", "w"), HEADS_OUT, (0, 0)),
+            Tensor(name + "self_attn.v_proj.weight", (layer, "attn", "kv_einsum", "w"), HEADS_OUT, (0, 1)),
+            Tensor(name + "self_attn.o_proj.weight", (layer, "attn", "attn_vec_einsum", "w"), HEADS_IN),
+            Tensor(name + "mlp.gate_proj.weight", (layer, "mlp", "gating_einsum"), SAME, (0, 0)),  # [2, hidden, embed]: [out, in]
+            Tensor(name + "mlp.up_proj.weight", (layer, "mlp", "gating_einsum"), SAME, (0, 1)),
+            Tensor(name + "mlp.down_proj.weight", (layer, "mlp", "linear"), TRANSPOSE),
         ]
     return tensors
-
-
-def _a_rank_last(a: np.ndarray) -> np.ndarray:
-    """gm's A [input axes..., r] -> PEFT's lora_A [r, inputs]."""
-    return a.reshape(-1, a.shape[-1]).T
-
-
-def _b_rank_first(b: np.ndarray) -> np.ndarray:
-    """gm's B [r, output axes...] -> PEFT's lora_B [outputs, r]."""
-    return b.reshape(b.shape[0], -1).T
 
 
 def lora_tensors(num_layers: int) -> list[Tensor]:
@@ -118,8 +133,8 @@ def lora_tensors(num_layers: int) -> list[Tensor]:
             ("mlp.down_proj", linear, None),
         ):
             tensors += [
-                Tensor(f"{name}{module}.lora_A.weight", (*source, "a"), _a_rank_last),
-                Tensor(f"{name}{module}.lora_B.weight", (*source, "b"), _b_rank_first, b_part),
+                Tensor(f"{name}{module}.lora_A.weight", (*source, "a"), A_RANK_LAST),
+                Tensor(f"{name}{module}.lora_B.weight", (*source, "b"), B_RANK_FIRST, b_part),
             ]
     return tensors
 

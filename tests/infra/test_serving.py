@@ -136,6 +136,14 @@ def test_outputs_give_the_port_forward_the_curl_and_the_smoke_result():
     assert serving_preview(replicas=0).outputs["servingSmoke"].startswith("no replicas")
 
 
+def test_the_cost_output_says_what_an_idle_serving_replica_costs():
+    from infra.pricing import PRICE_PER_CHIP_HOUR_USD
+
+    replica = previewed("serving").outputs["tpuCostPerHourUsd"]["servingReplica"]
+    assert (replica["chips"], replica["onDemand"]) == (1, PRICE_PER_CHIP_HOUR_USD["v6e"].on_demand)  # one v6e chip
+    assert "servingReplica" not in previewed("dev").outputs["tpuCostPerHourUsd"]
+
+
 def test_zero_replicas_keeps_the_pool_and_runs_no_smoke_job():
     resources = serving_preview(replicas=0).resources
     assert one(resources, NODE_POOL, SERVING_POOL).inputs["autoscaling"]["totalMinNodeCount"] == 0

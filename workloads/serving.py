@@ -48,7 +48,7 @@ QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 STARTUP_SECONDS = 60 * 60
 _PROBE_PERIOD_SECONDS = 30
 _XLA_CACHE_GIB = 20
-_SHM = "16Gi"  # vLLM's worker processes share tensors through /dev/shm
+_SHM_GIB = 16  # vLLM's worker processes share tensors through /dev/shm
 _ROOT = 0  # the vLLM image runs as root (its caches live under /root); every capability is dropped
 _SMOKE_UID = 65534  # nobody: the smoke Job needs no user of its own
 # How long `pulumi up` waits for the smoke Job's answer when a version is published: the pool's node
@@ -72,11 +72,12 @@ FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
 # Room in the file cache beyond the export (gcsfuse also caches the small files and needs slack to
 # evict nothing mid-load).
 _CACHE_HEADROOM_MIB = 1024
-# What vLLM's process takes in the host's memory beside the cache: the weights once more as it loads
-# them, plus /dev/shm (_SHM) and its own working set.
+# What vLLM's process takes in the host's memory beside the cache and the weights it loads (its own
+# working set), with /dev/shm (_SHM_GIB) on top.
 _VLLM_HOST_GIB = 8
-# The sidecar's own container bounds: "0" lifts the limit (the driver's documented value), so the
-# parallel downloads may use the host's cores and memory; the requests keep the scheduler honest.
+# The sidecar's own container bounds on Standard clusters: "0" lifts the limit (GKE's documented
+# value; Autopilot takes the driver's defaults, it sizes nodes from requests), so the parallel
+# downloads may use the host's cores and memory; the requests keep the scheduler honest.
 _SIDECAR_LIMITS = {"gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0",
                    "gke-gcsfuse/cpu-request": "1", "gke-gcsfuse/memory-request": "1Gi"}  # fmt: skip
 
@@ -94,6 +95,7 @@ class ServingSpec:
     served_version: str | None  # the newest complete version there; None: none published yet, no replicas
     file_cache_mib: int  # the export's size and headroom
     file_cache_in_memory: bool  # on a RAM disk where the node's memory holds it beside vLLM, else on its boot disk
+    sidecar_unbounded: bool  # the GCS FUSE sidecar without CPU, memory and disk limits (Standard clusters)
     adapter_rank: int | None  # vLLM's --max-lora-rank when serving the base with the run's adapter
     chips: int  # google.com/tpu of each replica, and the tensor-parallel size
     node_selector: dict[str, str]
@@ -110,6 +112,10 @@ class ServingSpec:
     @property
     def replica_count(self) -> int:
         return self.replicas if self.serving else 0
+
+    @property
+    def file_cache_gib(self) -> int:
+        return math.ceil(self.file_cache_mib / 1024)
 
     @property
     def version_dir(self) -> str:
@@ -155,7 +161,7 @@ def _file_cache(config: StackConfig) -> tuple[int, bool]:
     it beside vLLM (the fastest, as GKE's guide advises), else on the node's boot disk."""
     mib = math.ceil(config.serving.export_bytes / 2**20) + _CACHE_HEADROOM_MIB
     host_gib = config.serving.slice.trainer_memory_gib  # what GKE leaves to pods, less the sidecar's headroom
-    return mib, mib / 1024 + config.serving.export_bytes / 2**30 + _VLLM_HOST_GIB + int(_SHM.removesuffix("Gi")) <= host_gib
+    return mib, mib / 1024 + config.serving.export_bytes / 2**30 + _VLLM_HOST_GIB + _SHM_GIB <= host_gib
 
 
 def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) -> ServingSpec:
@@ -178,6 +184,7 @@ def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) 
         served_version=served_version,
         file_cache_mib=file_cache_mib,
         file_cache_in_memory=file_cache_in_memory,
+        sidecar_unbounded=config.cluster_mode == "standard",
         adapter_rank=serving.lora_rank,
         chips=serving.slice.chips,
         node_selector={**serving.slice.node_selector, **CAPACITY_SELECTORS[serving.capacity], **pool},
@@ -219,6 +226,7 @@ def _probe(failures: int, period: int = _PROBE_PERIOD_SECONDS) -> dict[str, Any]
 
 def _server(spec: ServingSpec) -> dict[str, Any]:
     tpu = {"google.com/tpu": str(spec.chips)}
+    disk_gib = _XLA_CACHE_GIB + (0 if spec.file_cache_in_memory else spec.file_cache_gib)  # the node's disk this pod fills
     return {
         "name": SERVER_CONTAINER,
         "image": spec.image,
@@ -226,7 +234,7 @@ def _server(spec: ServingSpec) -> dict[str, Any]:
         "args": server_args(spec),
         "env": [{"name": "VLLM_XLA_CACHE_PATH", "value": XLA_CACHE_MOUNT}],
         "ports": [{"name": "http", "containerPort": SERVING_PORT}],
-        "resources": {"requests": {**tpu, "ephemeral-storage": f"{_XLA_CACHE_GIB}Gi"}, "limits": tpu},
+        "resources": {"requests": {**tpu, "ephemeral-storage": f"{disk_gib}Gi"}, "limits": tpu},
         "startupProbe": _probe(STARTUP_SECONDS // _PROBE_PERIOD_SECONDS),
         "readinessProbe": _probe(3, period=10),
         "livenessProbe": _probe(4),
@@ -251,15 +259,15 @@ def _version_volume(spec: ServingSpec) -> dict[str, Any]:
 
 
 def _file_cache_volume(spec: ServingSpec) -> dict[str, Any]:
-    size = f"{math.ceil(spec.file_cache_mib / 1024)}Gi"
     medium = {"medium": "Memory"} if spec.file_cache_in_memory else {}
-    return {"name": FUSE_CACHE_VOLUME, "emptyDir": {**medium, "sizeLimit": size}}
+    return {"name": FUSE_CACHE_VOLUME, "emptyDir": {**medium, "sizeLimit": f"{spec.file_cache_gib}Gi"}}
 
 
 def deployment(spec: ServingSpec) -> dict[str, Any]:
     labels = _server_labels()
     metadata = pod_metadata(labels, evictable=True)
-    metadata["annotations"] |= _SIDECAR_LIMITS
+    if spec.sidecar_unbounded:
+        metadata["annotations"] |= _SIDECAR_LIMITS
     pod = {
         "metadata": metadata,
         "spec": {
@@ -272,7 +280,7 @@ def deployment(spec: ServingSpec) -> dict[str, Any]:
                 _version_volume(spec),
                 _file_cache_volume(spec),
                 {"name": "xla-cache", "emptyDir": {"sizeLimit": f"{_XLA_CACHE_GIB}Gi"}},
-                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _SHM}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_SHM_GIB}Gi"}},
             ],
         },
     }

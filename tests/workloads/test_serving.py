@@ -161,6 +161,14 @@ def test_the_file_cache_is_in_memory_only_where_the_host_holds_it_beside_vllm():
     template = pod(small_host)
     (cache,) = [v for v in template["spec"]["volumes"] if v["name"] == "gke-gcsfuse-cache"]
     assert "medium" not in cache["emptyDir"]
+    disk = container(template, serving.SERVER_CONTAINER)["resources"]["requests"]["ephemeral-storage"]
+    assert disk == f"{int(cache['emptyDir']['sizeLimit'].removesuffix('Gi')) + 20}Gi"  # the cache on disk, and the XLA cache
+
+
+def test_the_sidecar_limits_are_lifted_on_standard_only():
+    assert pod(spec())["metadata"]["annotations"]["gke-gcsfuse/cpu-limit"] == "0"
+    autopilot = pod(spec(cluster={"mode": "autopilot"}))["metadata"]["annotations"]
+    assert autopilot == {"gke-gcsfuse/volumes": "true"}
 
 
 def test_the_writable_caches_are_not_on_the_model():

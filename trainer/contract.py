@@ -26,8 +26,9 @@ TEXT_EVENT = "text"
 # Published exports (trainer.hf.publish), which serving follows: PUBLISH_DIR/<version>/hf, a version
 # named <UTC stamp>-<run id> so that names sort by time. The workloads give the trainer
 # --publish-dir <artifacts>/PUBLISHED_DIR/<run name>. A version is complete once its marker is there:
-# written last, after the version's folder is renamed into place (GCS FUSE renames a folder object
-# by object, so the folder's name alone does not say it is whole).
+# written last, after the version's folder is renamed into place. The rename is atomic in the stack's
+# hierarchical-namespace bucket, not in every filesystem (gcsfuse on a flat bucket copies object by
+# object); the marker says "whole" on any, and is the one object per version that serving lists.
 PUBLISHED_DIR = "published"
 PUBLISHED_MODEL_DIR = "hf"
 PUBLISHED_MARKER_FILE = "published.json"

@@ -1,5 +1,6 @@
 """gemma-tpu:serving: vLLM on a TPU slice of its own, answering OpenAI-style chat requests with a
-run's Hugging Face export (runs/<run>/export/hf). What it builds: docs/serving.md.
+run's Hugging Face export, as the run publishes it (published/<run name>/<version>/hf). What it
+builds: docs/serving.md.
 
 vLLM refuses at start-up what these checks refuse here, before any resource exists: a max length
 above the model's, a LoRA rank above its largest --max-lora-rank, a model whose weights and one

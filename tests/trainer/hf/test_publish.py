@@ -66,6 +66,13 @@ def test_export_publish_and_the_cli_add_versions(published_run, tmp_path, capsys
     assert len(publish.published_versions(tmp_path / "other")) == 1
 
 
+def test_export_publishes_only_a_whole_model(published_run, tmp_path, capsys):
+    workdir, _ = published_run
+    argv = ["--run", str(workdir), "--out", str(tmp_path / "adapter"), "--lora-export", "adapter", "--publish", str(tmp_path / "v")]
+    assert export_main(argv) == contract.USER_ERROR
+    assert "--part base --part adapter" in capsys.readouterr().err and not (tmp_path / "v").exists()
+
+
 def test_nothing_to_publish_is_one_line(tmp_path, capsys):
     assert publish_main(["--run", str(tmp_path), "--publish-dir", str(tmp_path / "out")]) == contract.USER_ERROR
     err = capsys.readouterr().err

@@ -48,3 +48,21 @@ def test_generate_answers_greedily_and_sampled(wide_run, temperature):
                   "--temperature", temperature)  # fmt: skip
     assert result.returncode == contract.OK, result.stderr[-3000:]
     assert result.stdout.startswith("Once upon a time")
+
+
+def test_the_export_answers_through_transformers_as_generate_does(wide_run, tmp_path):
+    """trainer.hf.sample suppresses the same rows: transformers' greedy answer is the JAX model's."""
+    hf_python = pathlib.Path(os.environ.get("HF_PYTHON") or REPO / ".venv-hf" / "bin" / "python")
+    if not hf_python.exists():
+        pytest.skip(f"no Hugging Face environment at {hf_python}: run `make .venv-hf/.installed` (or set HF_PYTHON)")
+    workdir, _ = wide_run
+    # float32, as the checkpoint generate reads: bfloat16 rounding could flip a near tie.
+    exported = _run("trainer.hf.export", "--run", str(workdir), "--out", str(tmp_path / "hf"), "--dtype", "float32")
+    assert exported.returncode == contract.OK, exported.stderr[-3000:]
+    prompt = "Once upon a time"
+    jax = _run("trainer.generate", "--run", str(workdir), "--prompt", prompt, "--max-new-tokens", "12")
+    hf = subprocess.run([str(hf_python), "-m", "trainer.hf.sample", "--model", str(tmp_path / "hf"), "--prompt", prompt,
+                         "--max-new-tokens", "12"], cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert hf.returncode == contract.OK, hf.stderr[-3000:]
+    (reply,) = [line.removeprefix("model (transformers): ") for line in hf.stdout.splitlines() if line.startswith("model (")]
+    assert jax.stdout.strip().removeprefix(prompt).strip() == reply

@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+import yaml
 
 from infra.config.serving import SERVED_MODELS, mirror_repository_id, serving_account_id
 from tests.workloads.admission import violations
@@ -268,3 +269,17 @@ def test_the_admission_rules_catch_a_broken_serving_object(kind, breaks, rule):
 
 def test_every_serving_rule_has_a_case_that_breaks_it():
     assert set(SERVING_RULES) <= {rule for _, _, rule in BREAKS}
+
+
+def test_render_shows_the_serving_of_a_version_or_of_none(capsys):
+    from workloads.__main__ import main
+
+    def rendered_deployment(*argv):
+        assert main(["render", "--stack", "serving", *argv]) == 0
+        (deployment,) = [obj for obj in yaml.safe_load_all(capsys.readouterr().out) if obj and obj["kind"] == "Deployment"]
+        return deployment
+
+    assert rendered_deployment()["spec"]["replicas"] == 0
+    served = rendered_deployment("--served-version", VERSION)
+    assert served["spec"]["replicas"] == 1
+    assert f"only-dir=published/tinystories/{VERSION}" in json.dumps(served)

@@ -102,7 +102,7 @@ def deploy_serving(platform: Platform, runs: list[TrainingRun]) -> None:
                          after=platform.apis.services, opts=pulumi.ResourceOptions(providers=[platform.gcp_provider]))  # fmt: skip
     (run,) = [run for run_config, run in zip(config.runs, runs) if run_config.name == config.serving.run]
     served = ServingDeployment("serving", config=config, run=run, provider=platform.kubernetes_provider,
-                               after=[platform.namespace, cloud.identity.service_account, *cloud.ready], written=cloud.written)  # fmt: skip
+                               after=[platform.namespace, cloud.identity.service_account, *cloud.ready], published=cloud.published)  # fmt: skip
     pulumi.export("serving", served.commands.apply(lambda commands: {**commands, "model": config.serving.run}))
     pulumi.export("servingSmoke", served.smoke if served.smoke is not None else "no replicas: scale up to get an answer")
 

@@ -42,7 +42,14 @@ def stack_chips(config: StackConfig) -> int:
 
 
 def tpu_cost_per_hour(config: StackConfig) -> dict[str, float | int | str]:
-    """What the stack's TPU chips cost per hour on demand while the pools are scaled up."""
+    """What the stack's TPU chips cost per hour on demand while the pools are scaled up; with serving,
+    also what one serving replica's node costs per hour, billed while it is up even when idle
+    (serving has no replicas until a version is published)."""
     chips = stack_chips(config)
     price = PRICE_PER_CHIP_HOUR_USD[config.tpu.accelerator]
-    return {"chips": chips, "onDemand": round(chips * price.on_demand, 2), "source": price.citation, "spot": SPOT_NOT_ESTIMATED}
+    cost = {"chips": chips, "onDemand": round(chips * price.on_demand, 2), "source": price.citation, "spot": SPOT_NOT_ESTIMATED}
+    if config.serving is not None:
+        serving, serving_price = config.serving.slice, PRICE_PER_CHIP_HOUR_USD[config.serving.slice.accelerator]
+        cost["servingReplica"] = {"chips": serving.chips, "onDemand": round(serving.chips * serving_price.on_demand, 2),
+                                  "source": serving_price.citation}  # fmt: skip
+    return cost

@@ -38,7 +38,7 @@ class ServingInfra(Component):
         )  # fmt: skip
         self.mirror = None
         pulls: list[pulumi.Resource] = []
-        if docker_hub_path(serving.image) is not None:
+        if any(docker_hub_path(image) is not None for image in (serving.image, serving.smoke_image)):
             self.mirror = gcp.artifactregistry.Repository(
                 "docker-hub",
                 gcp.artifactregistry.RepositoryArgs(
@@ -46,7 +46,7 @@ class ServingInfra(Component):
                     location=config.region,
                     format="DOCKER",
                     mode="REMOTE_REPOSITORY",
-                    description=f"Docker Hub images (vLLM) of the {config.stack} stack, cached beside the cluster",
+                    description=f"Docker Hub images (vLLM, the smoke request's python) of the {config.stack} stack, cached beside the cluster",
                     remote_repository_config=gcp.artifactregistry.RepositoryRemoteRepositoryConfigArgs(
                         description="Docker Hub",
                         docker_repository=gcp.artifactregistry.RepositoryRemoteRepositoryConfigDockerRepositoryArgs(
@@ -72,24 +72,22 @@ class ServingInfra(Component):
         self._artifacts = buckets.artifacts
         self.register_outputs({"pool": self.pool.name if self.pool else None, "account": self.identity.google_service_account.email})
 
-    def written(self, objects: pulumi.Input[Sequence[str]]) -> pulumi.Output[bool]:
-        """Whether all of `objects` (names in the artifacts bucket) exist, as read during `pulumi up`
-        (once the bucket does)."""
-        names = pulumi.Output.from_input(objects)
+    def published(self, glob: pulumi.Input[str]) -> pulumi.Output[list[str]]:
+        """The names of the artifacts bucket's objects that match `glob`, as read during `pulumi up`
+        (once the bucket exists)."""
         found = gcp.storage.get_bucket_objects_output(
-            bucket=self._artifacts.name,
-            match_glob=names.apply(lambda wanted: "{" + ",".join(wanted) + "}"),
+            bucket=self._artifacts.name, match_glob=glob,
             opts=pulumi.InvokeOutputOptions(parent=self, depends_on=[self._artifacts]),
-        )
-        return pulumi.Output.all(names, found.bucket_objects).apply(
-            lambda result: {found["name"] for found in result[1] or []} >= set(result[0]))  # output types are dicts
+        )  # fmt: skip
+        return found.bucket_objects.apply(lambda objects: [found["name"] for found in objects or []])  # output types are dicts
 
     def _pool(self, config: StackConfig, cluster: GkeCluster) -> gcp.container.NodePool:
-        """One single-host slice a replica, from zero nodes up to the most replicas there can be; the
-        vLLM image is large, and image streaming starts the server before all of it is there."""
+        """One single-host slice a replica, from zero nodes up to the most replicas there can be and one
+        more, for the new pod of a rolling update; the vLLM image is large, and image streaming starts
+        the server before all of it is there."""
         serving = config.serving
         return scale_from_zero_pool(
-            SERVING_POOL, config, cluster, machine_type=serving.slice.machine_type, max_nodes=max(1, serving.max_replicas),
+            SERVING_POOL, config, cluster, machine_type=serving.slice.machine_type, max_nodes=max(1, serving.max_replicas) + 1,
             spot=serving.capacity == "spot", taints=[gcp.container.NodePoolNodeConfigTaintArgs(**SERVING_TAINT, effect="NO_SCHEDULE")],
             opts=self.child(*cluster.ready),
         )  # fmt: skip

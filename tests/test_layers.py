@@ -23,7 +23,7 @@ TRAINER_LAYERS = (
     ("the parts of a run", ("trainer.checkpoint", "trainer.params_io", "trainer.hbm", "trainer.metrics", "trainer.precision", "trainer.preemption",
                             "trainer.measure.flops", "trainer.hardware", "trainer.measure.throughput",
                             "trainer.hf.config", "trainer.hf.weights", "trainer.hf.tokenizer",
-                            "trainer.hf.tokenizer_json", "trainer.hf.sample")),
+                            "trainer.hf.tokenizer_json", "trainer.hf.sample", "trainer.hf.publish")),
     ("the model and its step", ("trainer.gemma3", "trainer.models", "trainer.layers", "trainer.flash_attention", "trainer.loss", "trainer.mesh", "trainer.step", "trainer.vocab_chunk", "trainer.sampling",
                                 "trainer.measure.plot")),
     ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.hf.export", "trainer.measure")),

@@ -90,6 +90,7 @@ class TrainConfig:
     log_interval: int = 10
     log_format: str = "text"
     tensorboard_dir: str | None = None  # None: WORKDIR/tensorboard
+    publish_dir: str | None = None  # where the final export is published for serving (trainer.hf.publish)
     profile_port: int | None = None
     profile_dir: str | None = None
     mesh: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1, "fsdp": 1})
@@ -287,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tensorboard-dir", help="TensorBoard event directory (default WORKDIR/tensorboard)")
     add("--profile-port", type=_port, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
     add("--profile-dir", help="write a profiler trace of a few early steps here")
+    add("--publish-dir", help="publish the final Hugging Face export here as a new version, PUBLISH_DIR/<UTC stamp>-<run>/hf, "
+        "the one serving follows (trainer.hf.publish); default: not published")
     add("--mesh", type=parse_mesh, help=f"device mesh axis sizes, -1 fills (default {format_mesh(d.mesh)})")
     add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
     add("--num-processes", type=_positive_int, help=f"number of processes (env {DISTRIBUTED_ENV['num_processes']})")

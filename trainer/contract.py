@@ -22,3 +22,14 @@ PREPARED_MARKER_FILE = "meta.json"
 LOG_EVENT_KEY = "event"
 REPORT_EVENT = "report"
 TEXT_EVENT = "text"
+
+# Published exports (trainer.hf.publish), which serving follows: PUBLISH_DIR/<version>/hf, a version
+# named <UTC stamp>-<run id> so that names sort by time. The workloads give the trainer
+# --publish-dir <artifacts>/PUBLISHED_DIR/<run name>. A version is complete once its marker is there:
+# written last, after the version's folder is renamed into place. The rename is atomic in the stack's
+# hierarchical-namespace bucket, not in every filesystem (gcsfuse on a flat bucket copies object by
+# object); the marker says "whole" on any, and is the one object per version that serving lists.
+PUBLISHED_DIR = "published"
+PUBLISHED_MODEL_DIR = "hf"
+PUBLISHED_MARKER_FILE = "published.json"
+PUBLISHED_STAMP_FORMAT = "%Y%m%dT%H%M%SZ"

@@ -143,7 +143,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             checkpointer.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sample(state))
-    export_final(workdir, state, frozen, model_config=model_config, tokenizer=inputs.tokenizer)
+    export_final(workdir, state, frozen, model_config=model_config, tokenizer=inputs.tokenizer, publish_dir=config.publish_dir)
     if is_main:
         plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
     return final_metrics
@@ -330,12 +330,13 @@ class _StepLoop:
             jax.profiler.stop_trace()
 
 
-def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer) -> None:
+def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer, publish_dir: str | None = None) -> None:
     """WORKDIR/export/params: a plain Gemma tree (trainer.params_io; gemma's gm.ckpts.load_params reads it too) (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
-    Hugging Face directory (bfloat16) that serving stacks load. A failed HF export only warns: the
-    weights are safe in export/params, and `python -m trainer.hf.export` writes it again."""
-    from trainer.hf import export  # trainer.hf.export reads runs through this module
+    Hugging Face directory (bfloat16) that serving stacks load, published as a new version to
+    `publish_dir` when given (process 0; trainer.hf.publish). A failed HF export or publication only
+    warns: the weights are safe in export/params, and `python -m trainer.hf.export` writes it again."""
+    from trainer.hf import export, publish  # trainer.hf.export reads runs through this module
 
     export_dir = workdir / "export"
     if frozen is not None:
@@ -348,3 +349,12 @@ def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenize
     except (OSError, UserError) as error:
         checkpoint.print_warning(f"{export_dir / 'hf'}: the Hugging Face export failed ({error}); the weights are in "
                                  f"{export_dir / 'params'}: run python -m trainer.hf.export --run {workdir} --format hf --out DIR")
+        return
+    if publish_dir is not None and jax.process_index() == 0:
+        try:
+            version = publish.publish_run(workdir, pathlib.Path(publish_dir))
+        except (OSError, UserError) as error:
+            checkpoint.print_warning(f"{publish_dir}: publishing the export failed ({error}); publish it with "
+                                     f"python -m trainer.hf.publish --run {workdir} --publish-dir {publish_dir}")
+        else:
+            print(f"trainer: published {version}", file=sys.stderr, flush=True)  # stdout may be JSON lines

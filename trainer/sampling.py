@@ -36,9 +36,10 @@ def _top_p_logits(logits: jax.Array, top_p: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _decode(model, params, tokens: jax.Array, prompt_length: jax.Array, key: jax.Array, temperature: jax.Array,
-            top_p: jax.Array) -> jax.Array:
+            top_p: jax.Array, vocab_size: jax.Array) -> jax.Array:
     """Fills tokens[0, prompt_length:] one by one: the most likely next token at temperature 0, else a
-    top-p sample at that temperature.
+    top-p sample at that temperature; never an id at or above `vocab_size` (the tokenizer's: a model's
+    embedding table may have more rows, as Gemma's 262,144 have for a 512-piece tokenizer).
 
     Recomputes the whole (short) buffer per token instead of keeping a KV cache: simpler, and the
     causal mask makes the not-yet-written positions irrelevant.
@@ -51,6 +52,7 @@ def _decode(model, params, tokens: jax.Array, prompt_length: jax.Array, key: jax
         batch = {"input_tokens": tokens, "positions": positions, "segment_ids": segment_ids}
         hidden = loss.hidden_states(model, params, batch)[0, index - 1]
         logits = (hidden @ params["embedder"]["input_embedding"].T).astype(jnp.float32)
+        logits = jnp.where(jnp.arange(logits.shape[0]) < vocab_size, logits, -jnp.inf)
         greedy = jnp.argmax(logits)
         sampled = jax.random.categorical(jax.random.fold_in(key, index),
                                          _top_p_logits(logits / jnp.maximum(temperature, 1e-6), top_p))
@@ -60,17 +62,18 @@ def _decode(model, params, tokens: jax.Array, prompt_length: jax.Array, key: jax
     return jax.lax.fori_loop(prompt_length, length, next_token, tokens)
 
 
-def generate_ids(model, params, prompt_ids: list[int], *, buffer_tokens: int | None = None, max_new_tokens: int | None = None,
-                 stop_ids, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[int]:
-    """The ids generated after `prompt_ids`, cut before the first of `stop_ids`: `max_new_tokens` at
-    most, or as many as fill `buffer_tokens` (a fixed length compiles once for several prompts; the
-    prompt fills at most buffer_tokens - 1)."""
+def generate_ids(model, params, prompt_ids: list[int], *, vocab_size: int, buffer_tokens: int | None = None,
+                 max_new_tokens: int | None = None, stop_ids, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int = 0) -> list[int]:
+    """The ids (each below `vocab_size`) generated after `prompt_ids`, cut before the first of `stop_ids`:
+    `max_new_tokens` at most, or as many as fill `buffer_tokens` (a fixed length compiles once for several
+    prompts; the prompt fills at most buffer_tokens - 1)."""
     buffer_tokens = buffer_tokens or len(prompt_ids) + max_new_tokens
     prompt_ids = prompt_ids[: buffer_tokens - 1]
     buffer = np.zeros((1, buffer_tokens), np.int32)
     buffer[0, : len(prompt_ids)] = prompt_ids
     filled = _decode(model, params, jnp.asarray(buffer), len(prompt_ids), jax.random.key(seed), jnp.float32(temperature),
-                     jnp.float32(top_p))
+                     jnp.float32(top_p), jnp.int32(vocab_size))
     generated = np.asarray(filled)[0, len(prompt_ids):].tolist()
     stops = [generated.index(stop) for stop in stop_ids if stop in generated]
     return generated[: min(stops)] if stops else generated
@@ -87,14 +90,15 @@ def complete(model, params, tokenizer, prompt: str, *, chat_template: bool, **ge
     `generation`: generate_ids' buffer_tokens or max_new_tokens, temperature, top_p, seed."""
     if chat_template:
         end_of_turn = chat.turn_token_ids(tokenizer)[chat.END_OF_TURN]
-        generated = generate_ids(model, params, chat_prompt_ids(tokenizer, prompt),
+        generated = generate_ids(model, params, chat_prompt_ids(tokenizer, prompt), vocab_size=tokenizer.vocab_size,
                                  stop_ids=(end_of_turn, tokenizer.eos_id), **generation)
         return tokenizer.decode(generated)
     # Documents start with BOS in training (trainer.data.loader), so prompts do too.
     prompt_ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
     if generation.get("buffer_tokens"):
         prompt_ids = prompt_ids[: generation["buffer_tokens"] - 1]
-    generated = generate_ids(model, params, prompt_ids, stop_ids=(tokenizer.eos_id,), **generation)
+    generated = generate_ids(model, params, prompt_ids, vocab_size=tokenizer.vocab_size, stop_ids=(tokenizer.eos_id,),
+                             **generation)
     return tokenizer.decode(prompt_ids[1:] + generated)
 
 

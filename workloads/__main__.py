@@ -52,10 +52,11 @@ def render_specs(config: StackConfig) -> tuple[RunSpec, ...]:
     return run_specs(config, image=config.image or IMAGE_PLACEHOLDER)
 
 
-def stack_objects(config: StackConfig) -> list[dict[str, Any]]:
-    """Every Kubernetes object `pulumi up` applies for the stack's runs, in order, then its serving (docs/serving.md)."""
+def stack_objects(config: StackConfig, served_version: str | None = None) -> list[dict[str, Any]]:
+    """Every Kubernetes object `pulumi up` applies for the stack's runs, in order, then its serving
+    of `served_version` (None: as before anything is published; docs/serving.md)."""
     specs = render_specs(config)
-    return manifests.all_objects(specs, queue_objects(config)) + serving.stack_serving_objects(config, specs)
+    return manifests.all_objects(specs, queue_objects(config)) + serving.stack_serving_objects(config, specs, served_version)
 
 
 def write(objects: list[dict[str, Any]], directory: pathlib.Path) -> list[pathlib.Path]:
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     render = commands.add_parser("render", help="print or write the stack's Kubernetes objects as YAML")
     render.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
     render.add_argument("--out", "--output", dest="out", type=pathlib.Path, help="write one YAML file per object into this directory")
+    render.add_argument("--served-version", help="the published version serving serves, as `pulumi up` finds the newest "
+                        "(e.g. 20261205T120000Z-RUN); default: none published yet, no serving replicas")
     fit = commands.add_parser("fit", help="compile each run's training step for its TPU slice: memory per chip, cost, largest batch")
     fit.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
     fit.add_argument("--run", help="only this run of gemma-tpu:runs (default: every run)")
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR
     if args.command == "fit":
         return fit_command(config, args)
-    objects = stack_objects(config)
+    objects = stack_objects(config, args.served_version)
     if args.out is None:
         print(to_yaml(objects), end="")
         return 0

@@ -1,10 +1,11 @@
 """The serving objects as Pulumi resources: the dicts of workloads.serving, applied by the cluster's
 provider once the served run's object, the serving pool and the serving identity exist.
 
-`pulumi up` does not wait for the Deployment (its rollout takes the pool's node and the first
-compile). When the run's export is already in the bucket it waits for the smoke Job instead, so an
-update that ends well has had one chat request answered; while the run is still training it leaves
-the Job waiting in the cluster, and says so. The ServiceAccount is infra.cloud.identity's, from the same builder.
+`pulumi up` lists the run's published versions in the artifacts bucket and serves the newest
+complete one; with none it applies the Deployment at zero replicas (no TPU node) and the smoke Job
+suspended, and says so. It does not wait for the Deployment (its rollout takes the pool's node and
+the first compile); when a version is served it waits for the smoke Job instead, so an update that
+ends well has had one chat request answered. The ServiceAccount is infra.cloud.identity's, from the same builder.
 """
 
 from collections.abc import Callable, Sequence
@@ -22,17 +23,19 @@ from workloads.deploy import TrainingRun
 
 class ServingDeployment(pulumi.ComponentResource):
     """`spec` and the user's `commands` (port-forward, curl, logs); `smoke` is the smoke Job's
-    outcome, None at zero replicas."""
+    outcome, None at zero replicas. `published(glob)` lists the artifacts bucket's objects matching `glob`."""
 
     spec: pulumi.Output[serving.ServingSpec]
     commands: pulumi.Output[dict[str, str]]
     smoke: pulumi.Output[str] | None
 
     def __init__(self, name: str, *, config: StackConfig, run: TrainingRun, provider: k8s.Provider,
-                 after: Sequence[pulumi.Resource], written: Callable[[pulumi.Output[Sequence[str]]], pulumi.Output[bool]],
+                 after: Sequence[pulumi.Resource], published: Callable[[pulumi.Input[str]], pulumi.Output[list[str]]],
                  opts: pulumi.ResourceOptions | None = None) -> None:  # fmt: skip
         super().__init__(f"{PROJECT}:workloads:ServingDeployment", name, None, opts)
-        self.spec = run.spec.apply(lambda run_spec: serving.serving_spec(config, run_spec))
+        glob = run.spec.apply(lambda run_spec: serving.marker_glob(run_spec.publish_dir))
+        self.spec = pulumi.Output.all(run.spec, published(glob)).apply(
+            lambda parts: serving.serving_spec(config, parts[0], serving.newest_version(parts[0].publish_dir, parts[1])))
 
         def options(*depends_on: pulumi.Resource, **more) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*after, *depends_on], **more)
@@ -52,18 +55,17 @@ class ServingDeployment(pulumi.ComponentResource):
                                                        opts=options(server))  # fmt: skip
         self.smoke = None
         if config.serving.replicas:
-            exported = written(self.spec.apply(lambda spec: list(spec.awaited_objects)))
             smoke = self._built(serving.smoke_job)
-            metadata = pulumi.Output.all(smoke["metadata"], exported).apply(
-                lambda parts: parts[0] | {"annotations": {SKIP_AWAIT_KEY: "false" if parts[1] else "true"}})
+            metadata = pulumi.Output.all(smoke["metadata"], self.spec).apply(
+                lambda parts: parts[0] | {"annotations": {SKIP_AWAIT_KEY: "false" if parts[1].serving else "true"}})
             job = k8s.batch.v1.Job(
                 "vllm-smoke", metadata=metadata, spec=smoke["spec"],
                 opts=options(server, custom_timeouts=pulumi.CustomTimeouts(create=f"{serving.SMOKE_AWAIT_SECONDS}s",
                                                                            update=f"{serving.SMOKE_AWAIT_SECONDS}s")),
             )  # fmt: skip
-            # The Job's id exists once `pulumi up` has created it: awaited to its answer when the export
-            # was there (a failed Job fails the update), else left waiting.
-            self.smoke = pulumi.Output.all(job.id, self.spec, exported).apply(lambda done: _smoke_line(*done[1:]))
+            # The Job's id exists once `pulumi up` has created it: awaited to its answer when a version
+            # is served (a failed Job fails the update), else left suspended.
+            self.smoke = pulumi.Output.all(job.id, self.spec).apply(lambda done: _smoke_line(done[1]))
         self.commands = self.spec.apply(serving.serving_commands)
         self.register_outputs({"commands": self.commands, "smoke": self.smoke})
 
@@ -71,10 +73,10 @@ class ServingDeployment(pulumi.ComponentResource):
         return self.spec.apply(builder)
 
 
-def _smoke_line(spec: serving.ServingSpec, exported: bool) -> str:
+def _smoke_line(spec: serving.ServingSpec) -> str:
     logs = serving.serving_commands(spec)["smokeLogs"]
-    if exported:
-        return f"answered; read the answer with: {logs}"
-    files = ", ".join(f"gs://{spec.artifacts_bucket}/{name}" for name in spec.awaited_objects)
-    return f"waiting for the run's export ({files}): the smoke Job asks once vLLM is up; read it with: {logs}, or pulumi up again to wait for it"
+    if spec.serving:
+        return f"answered by {spec.served_version}; read the answer with: {logs}"
+    return (f"nothing published in gs://{spec.artifacts_bucket}/{spec.published_dir} yet (the run publishes its export when it "
+            "ends): no replicas, no TPU node; pulumi up again once it has")
 

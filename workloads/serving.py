@@ -1,19 +1,26 @@
 """Pure builders of the serving objects (gemma-tpu:serving): a ServingSpec in, plain Kubernetes dicts out.
 
 vLLM's OpenAI server runs on one single-host TPU slice a replica, tensor parallel over its chips,
-reading the served run's export from the artifacts bucket through a read-only GCS FUSE mount of that
-export alone (only-dir). Its pods act as a Google account that may only read that bucket. An init
-container waits until the export's config.json is there (the run may still be training) and says
-so in its log. The first start compiles for minutes to tens of minutes: the start-up probe allows
-for it, and the compiled programs go to a writable volume (VLLM_XLA_CACHE_PATH, which tpu-inference
-hands to JAX as its compilation cache), so a restarted container does not compile again.
+serving the newest complete version the served run has published (trainer.hf.publish:
+published/<run name>/<version>/hf in the artifacts bucket). The run's name, not its hash, names the
+folder: a rebuilt trainer image or a new run changes nothing served until it publishes a version.
+Until one is published there are no replicas, so no TPU node is up while the run trains. A new
+version rolls out one replica at a time, the new pod taking traffic only once ready.
+
+The version is read through a read-only GCS FUSE mount of that folder alone (only-dir), with a file
+cache the size of the export, parallel downloads and unbounded metadata caches, as gcsfuse's TPU
+serving sample sets them. Its pods act as a Google account that may only read that bucket. The first
+start compiles for minutes to tens of minutes: the start-up probe allows for it, and the compiled
+programs go to a writable volume (VLLM_XLA_CACHE_PATH, which tpu-inference hands to JAX as its
+compilation cache), so a restarted container does not compile again.
 
 A ClusterIP Service on port 8000 (nothing public), a PodMonitoring for Managed Prometheus, an
-optional HorizontalPodAutoscaler on waiting requests, and a smoke Job that waits for the server and
-sends it one chat request.
+optional HorizontalPodAutoscaler on waiting requests, and a smoke Job (a small python image, not
+vLLM's) that waits for the server and sends it one chat request.
 """
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,17 +29,17 @@ from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
 from infra.catalog.names import NODE_POOL_LABEL
+from trainer.contract import PUBLISHED_MARKER_FILE, PUBLISHED_MODEL_DIR
 from workloads.manifests import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, pod_metadata, pod_security
 from workloads.spec import RunSpec
 
 SERVING_PORT = 8000
 SERVER_CONTAINER = "vllm"
-WAIT_CONTAINER = "wait-for-export"
 SMOKE_CONTAINER = "chat"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 CHAT_PATH = "/v1/chat/completions"
-MODEL_MOUNT = "/model"  # the run's export directory: hf/ (merged), or base/ and adapter/
+MODEL_MOUNT = "/model"  # the served version: hf/ (merged), or base/ and adapter/
 XLA_CACHE_MOUNT = "/xla-cache"
 # vLLM's own metric of queue depth; Managed Prometheus names it so for the Custom Metrics adapter.
 QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
@@ -41,17 +48,38 @@ QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 STARTUP_SECONDS = 60 * 60
 _PROBE_PERIOD_SECONDS = 30
 _XLA_CACHE_GIB = 20
-_SHM = "16Gi"  # vLLM's worker processes share tensors through /dev/shm
+_SHM_GIB = 16  # vLLM's worker processes share tensors through /dev/shm
 _ROOT = 0  # the vLLM image runs as root (its caches live under /root); every capability is dropped
-_WAIT_LOG_SECONDS = 60
-# How long `pulumi up` waits for the smoke Job's answer when the export is there: the pool's node
+_SMOKE_UID = 65534  # nobody: the smoke Job needs no user of its own
+# How long `pulumi up` waits for the smoke Job's answer when a version is published: the pool's node
 # coming up, then the start-up. The Job itself waits as long as it takes.
 SMOKE_AWAIT_SECONDS = STARTUP_SECONDS + 30 * 60
 _SMOKE_PROMPT = "Say hello in one short sentence."
-# The export's folder is read-only and never changes once written: cache its metadata for good, but
-# not a lookup that found nothing, so the wait sees config.json appear (gcsfuse
-# samples/gke-csi-yaml/tpu/serving-pv.yaml sets the same two).
-_EXPORT_MOUNT_OPTIONS = ("metadata-cache:ttl-secs:-1", "metadata-cache:negative-ttl-secs:0")
+# A published version never changes: cache its metadata for good, and its files whole on first read,
+# each fetched in parallel chunks (gcsfuse's config keys; GoogleCloudPlatform/gcs-fuse-csi-driver
+# samples/gke-csi-yaml/tpu/serving-pv.yaml and GKE's "Optimize Cloud Storage FUSE CSI driver
+# performance" set the same for serving). The file cache's size is the spec's.
+_VERSION_MOUNT_OPTIONS = (
+    "metadata-cache:ttl-secs:-1",
+    "metadata-cache:stat-cache-max-size-mb:-1",
+    "metadata-cache:type-cache-max-size-mb:-1",
+    "file-cache:cache-file-for-range-read:true",
+    "file-cache:enable-parallel-downloads:true",
+)
+# The file cache's volume: the CSI driver puts the cache of every volume of the pod in the volume of
+# this name, which must sit beside them.
+FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+# Room in the file cache beyond the export (gcsfuse also caches the small files and needs slack to
+# evict nothing mid-load).
+_CACHE_HEADROOM_MIB = 1024
+# What vLLM's process takes in the host's memory beside the cache and the weights it loads (its own
+# working set), with /dev/shm (_SHM_GIB) on top.
+_VLLM_HOST_GIB = 8
+# The sidecar's own container bounds on Standard clusters: "0" lifts the limit (GKE's documented
+# value; Autopilot takes the driver's defaults, it sizes nodes from requests), so the parallel
+# downloads may use the host's cores and memory; the requests keep the scheduler honest.
+_SIDECAR_LIMITS = {"gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0", "gke-gcsfuse/ephemeral-storage-limit": "0",
+                   "gke-gcsfuse/cpu-request": "1", "gke-gcsfuse/memory-request": "1Gi"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,9 +88,14 @@ class ServingSpec:
     service_account: str
     google_service_account: str  # reads the artifacts bucket, nothing else
     image: str
+    smoke_image: str  # not vLLM's: the Job sends one request
     served_model: str  # the name clients ask for: the run's name in the stack file
     artifacts_bucket: str
-    export_dir: str  # runs/<run object>/export, relative to the artifacts bucket
+    published_dir: str  # published/<run name>, relative to the artifacts bucket (RunSpec.publish_dir)
+    served_version: str | None  # the newest complete version there; None: none published yet, no replicas
+    file_cache_mib: int  # the export's size and headroom
+    file_cache_in_memory: bool  # on a RAM disk where the node's memory holds it beside vLLM, else on its boot disk
+    sidecar_unbounded: bool  # the GCS FUSE sidecar without CPU, memory and disk limits (Standard clusters)
     adapter_rank: int | None  # vLLM's --max-lora-rank when serving the base with the run's adapter
     chips: int  # google.com/tpu of each replica, and the tensor-parallel size
     node_selector: dict[str, str]
@@ -72,40 +105,70 @@ class ServingSpec:
     max_model_len: int
 
     @property
+    def serving(self) -> bool:
+        """Whether a version is published to serve: until then the Deployment has no replicas."""
+        return self.served_version is not None
+
+    @property
+    def replica_count(self) -> int:
+        return self.replicas if self.serving else 0
+
+    @property
+    def file_cache_gib(self) -> int:
+        return math.ceil(self.file_cache_mib / 1024)
+
+    @property
+    def version_dir(self) -> str:
+        return f"{self.published_dir}/{self.served_version}"
+
+    @property
     def model_path(self) -> str:
-        return f"{MODEL_MOUNT}/{'base' if self.adapter_rank else 'hf'}"
+        return f"{MODEL_MOUNT}/{'base' if self.adapter_rank else PUBLISHED_MODEL_DIR}"
 
     @property
     def adapter_path(self) -> str:
         return f"{MODEL_MOUNT}/adapter"
 
     @property
-    def awaited_files(self) -> tuple[str, ...]:
-        """What the export writes last (each directory is renamed into place whole)."""
-        files = (f"{self.model_path}/config.json",)
-        return (*files, f"{self.adapter_path}/adapter_config.json") if self.adapter_rank else files
-
-    @property
-    def awaited_objects(self) -> tuple[str, ...]:
-        """The same files as objects of the artifacts bucket."""
-        return tuple(f"{self.export_dir}{path.removeprefix(MODEL_MOUNT)}" for path in self.awaited_files)
-
-    @property
     def url(self) -> str:
         return f"http://{SERVING_NAME}.{self.namespace}.svc:{SERVING_PORT}"
 
 
-def served_image(config: StackConfig) -> str:
-    """gemma-tpu:serving.image, through the stack's remote repository when it is a Docker Hub image."""
-    path = docker_hub_path(config.serving.image)
+def mirrored_image(config: StackConfig, image: str) -> str:
+    """`image`, through the stack's remote repository when it is a Docker Hub image."""
+    path = docker_hub_path(image)
     if path is None:
-        return config.serving.image
+        return image
     return f"{config.region}-docker.pkg.dev/{config.project}/{mirror_repository_id(config.cluster_name)}/{path}"
 
 
-def serving_spec(config: StackConfig, run: RunSpec) -> ServingSpec:
-    """The serving of `run` (the RunSpec of config.serving.run)."""
+def marker_glob(published_dir: str) -> str:
+    """The markers of every complete version, as a glob over the artifacts bucket's object names."""
+    return f"{published_dir}/*/{PUBLISHED_MARKER_FILE}"
+
+
+def newest_version(published_dir: str, object_names) -> str | None:
+    """The newest complete version among the artifacts bucket's `object_names` (version names sort by
+    time), None when there is none."""
+    prefix, suffix = f"{published_dir}/", f"/{PUBLISHED_MARKER_FILE}"
+    versions = [name.removeprefix(prefix).removesuffix(suffix) for name in object_names
+                if name.startswith(prefix) and name.endswith(suffix)]  # fmt: skip
+    return max((version for version in versions if "/" not in version and not version.startswith(".")), default=None)
+
+
+def _file_cache(config: StackConfig) -> tuple[int, bool]:
+    """(MiB, in memory): the export and headroom, on a RAM disk when the node's memory for pods holds
+    it beside vLLM (the fastest, as GKE's guide advises), else on the node's boot disk."""
+    mib = math.ceil(config.serving.export_bytes / 2**20) + _CACHE_HEADROOM_MIB
+    host_gib = config.serving.slice.trainer_memory_gib  # what GKE leaves to pods, less the sidecar's headroom
+    return mib, mib / 1024 + config.serving.export_bytes / 2**30 + _VLLM_HOST_GIB + _SHM_GIB <= host_gib
+
+
+def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) -> ServingSpec:
+    """The serving of `run` (the RunSpec of config.serving.run) at `served_version`, the newest complete
+    version in its publish folder (None: nothing published yet)."""
     serving = config.serving
+    file_cache_mib, file_cache_in_memory = _file_cache(config)
     # Standard: the serving pool by name (training pods of the same shape go to theirs); Autopilot
     # provisions a node from the selectors alone.
     pool = {NODE_POOL_LABEL: SERVING_POOL} if config.cluster_mode == "standard" else {}
@@ -113,10 +176,15 @@ def serving_spec(config: StackConfig, run: RunSpec) -> ServingSpec:
         namespace=config.namespace,
         service_account=SERVING_NAME,
         google_service_account=f"{serving_account_id(config.cluster_name)}@{config.project}.iam.gserviceaccount.com",
-        image=served_image(config),
+        image=mirrored_image(config, serving.image),
+        smoke_image=mirrored_image(config, serving.smoke_image),
         served_model=serving.run,
         artifacts_bucket=config.artifacts_bucket,
-        export_dir=f"{run.run_dir}/export",
+        published_dir=run.publish_dir,
+        served_version=served_version,
+        file_cache_mib=file_cache_mib,
+        file_cache_in_memory=file_cache_in_memory,
+        sidecar_unbounded=config.cluster_mode == "standard",
         adapter_rank=serving.lora_rank,
         chips=serving.slice.chips,
         node_selector={**serving.slice.node_selector, **CAPACITY_SELECTORS[serving.capacity], **pool},
@@ -151,24 +219,6 @@ def server_args(spec: ServingSpec) -> list[str]:
             "--max-loras=1"]  # fmt: skip
 
 
-def _wait_for_export(spec: ServingSpec) -> dict[str, Any]:
-    """Waits as long as it takes (the run may train for hours), saying every minute what for."""
-    files = " ".join(spec.awaited_files)
-    bucket_paths = ", ".join(f"gs://{spec.artifacts_bucket}/{name}" for name in spec.awaited_objects)
-    script = (
-        f"for f in {files}; do until [ -f \"$f\" ]; do "
-        f"echo \"waiting for $f ({bucket_paths}): the run's export is not written yet\"; sleep {_WAIT_LOG_SECONDS}; "
-        f"done; done; echo \"found {files}: starting vLLM\""
-    )
-    return {
-        "name": WAIT_CONTAINER,
-        "image": spec.image,
-        "command": ["sh", "-c", script],
-        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
-        "securityContext": CONTAINER_SECURITY,
-    }
-
-
 def _probe(failures: int, period: int = _PROBE_PERIOD_SECONDS) -> dict[str, Any]:
     return {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 10,
             "failureThreshold": failures}  # fmt: skip
@@ -176,6 +226,7 @@ def _probe(failures: int, period: int = _PROBE_PERIOD_SECONDS) -> dict[str, Any]
 
 def _server(spec: ServingSpec) -> dict[str, Any]:
     tpu = {"google.com/tpu": str(spec.chips)}
+    disk_gib = _XLA_CACHE_GIB + (0 if spec.file_cache_in_memory else spec.file_cache_gib)  # the node's disk this pod fills
     return {
         "name": SERVER_CONTAINER,
         "image": spec.image,
@@ -183,7 +234,7 @@ def _server(spec: ServingSpec) -> dict[str, Any]:
         "args": server_args(spec),
         "env": [{"name": "VLLM_XLA_CACHE_PATH", "value": XLA_CACHE_MOUNT}],
         "ports": [{"name": "http", "containerPort": SERVING_PORT}],
-        "resources": {"requests": {**tpu, "ephemeral-storage": f"{_XLA_CACHE_GIB}Gi"}, "limits": tpu},
+        "resources": {"requests": {**tpu, "ephemeral-storage": f"{disk_gib}Gi"}, "limits": tpu},
         "startupProbe": _probe(STARTUP_SECONDS // _PROBE_PERIOD_SECONDS),
         "readinessProbe": _probe(3, period=10),
         "livenessProbe": _probe(4),
@@ -196,28 +247,40 @@ def _server(spec: ServingSpec) -> dict[str, Any]:
     }
 
 
-def _export_volume(spec: ServingSpec) -> dict[str, Any]:
+def _version_volume(spec: ServingSpec) -> dict[str, Any]:
+    """The served version alone, read-only, cached whole (a pod without a version mounts the publish
+    folder, which it never reads: it has no replicas)."""
     volume = fuse_volume("model", spec.artifacts_bucket, uid=_ROOT, read_only=True)
     attributes = volume["csi"]["volumeAttributes"]
-    attributes["mountOptions"] = ",".join([attributes["mountOptions"], f"only-dir={spec.export_dir}", *_EXPORT_MOUNT_OPTIONS])
+    folder = spec.version_dir if spec.serving else spec.published_dir
+    attributes["mountOptions"] = ",".join([attributes["mountOptions"], f"only-dir={folder}", *_VERSION_MOUNT_OPTIONS,
+                                           f"file-cache:max-size-mb:{spec.file_cache_mib}"])  # fmt: skip
     return volume
+
+
+def _file_cache_volume(spec: ServingSpec) -> dict[str, Any]:
+    medium = {"medium": "Memory"} if spec.file_cache_in_memory else {}
+    return {"name": FUSE_CACHE_VOLUME, "emptyDir": {**medium, "sizeLimit": f"{spec.file_cache_gib}Gi"}}
 
 
 def deployment(spec: ServingSpec) -> dict[str, Any]:
     labels = _server_labels()
+    metadata = pod_metadata(labels, evictable=True)
+    if spec.sidecar_unbounded:
+        metadata["annotations"] |= _SIDECAR_LIMITS
     pod = {
-        "metadata": pod_metadata(labels, evictable=True),
+        "metadata": metadata,
         "spec": {
             "serviceAccountName": spec.service_account,
             "nodeSelector": dict(spec.node_selector),
             "tolerations": [{**SERVING_TAINT, "operator": "Equal", "effect": "NoSchedule"}],
             "securityContext": pod_security(_ROOT),
-            "initContainers": [_wait_for_export(spec)],
             "containers": [_server(spec)],
             "volumes": [
-                _export_volume(spec),
+                _version_volume(spec),
+                _file_cache_volume(spec),
                 {"name": "xla-cache", "emptyDir": {"sizeLimit": f"{_XLA_CACHE_GIB}Gi"}},
-                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _SHM}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_SHM_GIB}Gi"}},
             ],
         },
     }
@@ -228,11 +291,11 @@ def deployment(spec: ServingSpec) -> dict[str, Any]:
         # smoke Job waits for the server instead.
         "metadata": _metadata(spec, SERVING_NAME, "serve", SKIP_AWAIT),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.replica_count,
             "selector": {"matchLabels": dict(labels)},
-            # One slice a replica: a rolling update brings the new pod up before the old one goes
-            # only where the pool has room; with none it would wait for ever, so replace in place.
-            "strategy": {"type": "Recreate"},
+            # A new version (or image) starts one more pod, on one more node (the pool holds
+            # maxReplicas + 1), and the old one goes only once the new one is ready: no outage.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": pod,
         },
     }
@@ -271,7 +334,8 @@ def pod_monitoring(spec: ServingSpec) -> dict[str, Any]:
 
 def autoscaler(spec: ServingSpec) -> dict[str, Any]:
     """Replicas between gemma-tpu:serving.replicas and autoscaling.maxReplicas on waiting requests
-    (needs the Custom Metrics Stackdriver Adapter in the cluster, docs/serving.md)."""
+    (needs the Custom Metrics Stackdriver Adapter in the cluster, docs/serving.md). It leaves a
+    Deployment at zero replicas (nothing published yet) at zero."""
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -293,8 +357,9 @@ def chat_request(spec: ServingSpec) -> dict[str, Any]:
 
 
 def smoke_job(spec: ServingSpec) -> dict[str, Any]:
-    """Waits for the server to be ready, as long as it takes (the run may still be training), sends
-    it one chat request (vLLM applies the export's chat template) and prints the answer."""
+    """Waits for the server to be ready, as long as it takes (the node comes up and vLLM compiles),
+    sends it one chat request (vLLM applies the export's chat template) and prints the answer.
+    Suspended while nothing is published: it would wait for a server that has no replicas."""
     script = "\n".join([
         "import json, time, urllib.request",
         f"url = {spec.url!r}",
@@ -310,7 +375,7 @@ def smoke_job(spec: ServingSpec) -> dict[str, Any]:
     ])  # fmt: skip
     container = {
         "name": SMOKE_CONTAINER,
-        "image": spec.image,
+        "image": spec.smoke_image,
         "command": ["python3", "-c", script],
         "securityContext": CONTAINER_SECURITY,
     }
@@ -320,16 +385,19 @@ def smoke_job(spec: ServingSpec) -> dict[str, Any]:
         "metadata": _metadata(spec, f"{SERVING_NAME}-smoke", "smoke"),
         "spec": {
             "backoffLimit": 2,
+            "suspend": not spec.serving,
             "template": {
                 "metadata": {"labels": object_labels("smoke", f"{SERVING_NAME}-smoke")},
-                "spec": {"restartPolicy": "Never", "securityContext": pod_security(_ROOT), "containers": [container]},
+                "spec": {"restartPolicy": "Never", "securityContext": pod_security(_SMOKE_UID), "containers": [container]},
             },
         },
     }
 
 
 def serving_objects(spec: ServingSpec) -> list[dict[str, Any]]:
-    """Every serving object in the order they are applied; no smoke Job at zero replicas."""
+    """Every serving object in the order they are applied; no smoke Job at zero replicas. With nothing
+    published the Deployment has no replicas, which the autoscaler leaves alone (Kubernetes' HPA does
+    not scale a target at zero), and the smoke Job is suspended."""
     objects = [service_account(spec), deployment(spec), service(spec), pod_monitoring(spec)]
     if spec.queue_depth is not None:
         objects.append(autoscaler(spec))
@@ -349,9 +417,10 @@ def serving_commands(spec: ServingSpec) -> dict[str, str]:
     }
 
 
-def stack_serving_objects(config: StackConfig, specs: tuple[RunSpec, ...]) -> list[dict[str, Any]]:
-    """The serving objects of a stack whose runs are `specs` (in config order); none without gemma-tpu:serving."""
+def stack_serving_objects(config: StackConfig, specs: tuple[RunSpec, ...], served_version: str | None) -> list[dict[str, Any]]:
+    """The serving objects of a stack whose runs are `specs` (in config order), serving `served_version`
+    (None: nothing published yet); none without gemma-tpu:serving."""
     if config.serving is None:
         return []
     (served,) = [spec for run, spec in zip(config.runs, specs) if run.name == config.serving.run]
-    return serving_objects(serving_spec(config, served))
+    return serving_objects(serving_spec(config, served, served_version))

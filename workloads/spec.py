@@ -17,10 +17,10 @@ from infra.config.slices import trainer_memory_gib
 from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
 from infra.catalog.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract, tpu_flags
-from trainer.contract import PREPARED_MARKER_FILE, TRAINER_UID
+from trainer.contract import PREPARED_MARKER_FILE, PUBLISHED_DIR, TRAINER_UID
 
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
-ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles
+ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles, published exports
 PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
 # The port GKE reads a TPU container's runtime metrics from (duty cycle, HBM use: the
 # kubernetes.io/container/accelerator/* metrics); GKE's TPU manifests declare it on the container
@@ -93,6 +93,7 @@ class RunSpec:
     prepared_dir: str  # the prepared shards, relative to the data bucket
     prepare_name: str  # the data preparation Job's name (one per dataset)
     run_dir: str  # this run's directory, relative to the artifacts bucket
+    publish_dir: str  # where its exports are published for serving: by the run's name, which no rebuild changes
     trainer_args: tuple[str, ...]
     trainer_env: dict[str, str]
     max_restarts: int
@@ -162,6 +163,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         identity["prepared"] = key
     name = run_object_name(training.run_name, _digest(identity))
     run_dir = f"runs/{name}"
+    publish_dir = f"{PUBLISHED_DIR}/{training.run_name}"
     prepared_dir = f"prepared/{key}"
     return RunSpec(
         name=name,
@@ -189,7 +191,9 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         prepared_dir=prepared_dir,
         prepare_name=f"prepare-data-{key}",
         run_dir=run_dir,
-        trainer_args=_trainer_args(config, training, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}"),
+        publish_dir=publish_dir,
+        trainer_args=_trainer_args(config, training, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}",
+                                   f"{ARTIFACTS_MOUNT}/{publish_dir}"),
         # JAX_PLATFORMS: a TPU that cannot be opened fails the run (trainer.mesh) instead of JAX
         # falling back to training on the host's CPU.
         # LIBTPU_INIT_ARGS: XLA's flags for the generation (trainer.tpu_flags), as `fit` compiles with them.
@@ -204,11 +208,12 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     )
 
 
-def _trainer_args(config: StackConfig, training: TrainingConfig, data_dir: str, run_dir: str) -> tuple[str, ...]:
+def _trainer_args(config: StackConfig, training: TrainingConfig, data_dir: str, run_dir: str, publish_dir: str) -> tuple[str, ...]:
     args = [
         *trainer_flags(training),
         "--data", data_dir,
         "--workdir", run_dir,
+        "--publish-dir", publish_dir,
         "--checkpoint-dir", f"{run_dir}/checkpoints",
         "--tensorboard-dir", f"{run_dir}/tensorboard",
         "--log-format", "json",  # one JSON object a line: the stack's log-based metrics read them

@@ -1,5 +1,6 @@
 """gemma-tpu:serving: vLLM on a TPU slice of its own, answering OpenAI-style chat requests with a
-run's Hugging Face export (runs/<run>/export/hf). What it builds: docs/serving.md.
+run's Hugging Face export, as the run publishes it (published/<run name>/<version>/hf). What it
+builds: docs/serving.md.
 
 vLLM refuses at start-up what these checks refuse here, before any resource exists: a max length
 above the model's, a LoRA rank above its largest --max-lora-rank, a model whose weights and one
@@ -31,6 +32,10 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # vLLM's default --gpu-memory-utilization, also on TPU: the share of each chip's HBM it takes.
 VLLM_MEMORY_SHARE = 0.9
 DEFAULT_MAX_MODEL_LEN = 8192
+# The smoke Job's image: python3 and nothing else, pulled through the stack's Docker Hub mirror. This
+# digest is the one several public projects pin for python:3.12-alpine; it could not be checked against
+# Docker Hub from here (`docker buildx imagetools inspect python:3.12-alpine` gives today's).
+DEFAULT_SMOKE_IMAGE = "python:3.12-alpine@sha256:6d43704baacd1bfbe7c295d7f13079d5d8104ed33568873133f8fc69980419df"
 _BF16 = 2
 _DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 
@@ -51,6 +56,11 @@ class ServedModel:
         """K and V of one token on one chip, bfloat16, all layers: heads are split over the chips,
         and replicated where there are fewer than chips."""
         return 2 * self.layers * math.ceil(self.kv_heads / chips) * self.head_dim * _BF16
+
+    @property
+    def export_bytes(self) -> int:
+        """The size of its bfloat16 Hugging Face export, near enough (the safetensors' weights)."""
+        return _BF16 * self.params
 
     def bytes_per_chip(self, chips: int, max_len: int) -> int:
         """The bfloat16 weights split over `chips`, plus the KV cache of one sequence of `max_len`
@@ -73,6 +83,8 @@ class ServingConfig:
 
     run: str  # the run (gemma-tpu:runs name, or training.runName) whose export is served
     image: str  # the vLLM TPU image, pinned by digest
+    smoke_image: str  # a small image with python3 that sends the smoke request, pinned by digest
+    export_bytes: int  # the served model's export, which the model mount's file cache holds
     slice: SliceSpec  # one single-host slice a replica; tensor parallel over its chips
     capacity: str  # on-demand | spot
     replicas: int  # 0: nothing runs and the serving pool sits at zero nodes
@@ -93,6 +105,7 @@ class _Request:
     enabled: bool
     run: str
     image: str
+    smoke_image: str
     accelerator: str
     topology: str
     capacity: str
@@ -109,6 +122,7 @@ def read_serving(section: Section, accelerator: str) -> _Request:
         enabled=section.flag("enabled", False),
         run=section.text("run", ""),
         image=section.text("image", ""),
+        smoke_image=section.text("smokeImage", DEFAULT_SMOKE_IMAGE),
         accelerator=section.text("accelerator", accelerator, tpu.ACCELERATORS),
         topology=section.text("topology", "1x1"),
         capacity=section.text("capacity", "on-demand", SERVING_CAPACITIES),
@@ -135,6 +149,11 @@ def check_serving(section: Section, request: _Request, runs: tuple[RunConfig, ..
             f"{section.key('image')} {request.image!r} is not pinned by digest; give the vLLM TPU image as "
             "vllm/vllm-tpu:TAG@sha256:DIGEST (docs/serving.md: `docker buildx imagetools inspect vllm/vllm-tpu:TAG`)"
         )
+    if not _DIGEST.match(request.smoke_image):
+        raise ConfigError(
+            f"{section.key('smokeImage')} {request.smoke_image!r} is not pinned by digest; give a small image with python3 "
+            "as NAME:TAG@sha256:DIGEST (`docker buildx imagetools inspect python:3.12-alpine`)"
+        )
     if max_model_len > model.max_len:
         raise ConfigError(
             f"{section.key('maxModelLen')} is {max_model_len}, above {run.training.model}'s {model.max_len} "
@@ -145,6 +164,8 @@ def check_serving(section: Section, request: _Request, runs: tuple[RunConfig, ..
     return ServingConfig(
         run=run.name,
         image=request.image,
+        smoke_image=request.smoke_image,
+        export_bytes=model.export_bytes,
         slice=slice_spec,
         capacity=request.capacity,
         replicas=request.replicas,

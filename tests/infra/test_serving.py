@@ -69,7 +69,7 @@ def pod_spec(resources) -> dict:
 def test_the_serving_pool_is_the_catalogs_slice_and_scales_from_zero():
     pool = one(previewed("serving").resources, NODE_POOL, SERVING_POOL).inputs
     assert pool["nodeConfig"]["machineType"] == "ct6e-standard-1t" and pool["initialNodeCount"] == 0
-    assert (pool["autoscaling"]["totalMinNodeCount"], pool["autoscaling"]["totalMaxNodeCount"]) == (0, 1)
+    assert (pool["autoscaling"]["totalMinNodeCount"], pool["autoscaling"]["totalMaxNodeCount"]) == (0, 2)  # one replica, one rolling in
     assert "placementPolicy" not in pool  # one host a replica
     assert pool["nodeConfig"]["taints"] == [{"key": "gemma-tpu/serving", "value": "true", "effect": "NO_SCHEDULE"}]
     spec = pod_spec(previewed("serving").resources)
@@ -80,7 +80,7 @@ def test_the_serving_pool_is_the_catalogs_slice_and_scales_from_zero():
 def test_the_pool_grows_to_the_autoscalers_bound_and_uses_spot_when_asked():
     resources = serving_preview(capacity="spot", autoscaling={"maxReplicas": 3, "queueDepth": 8}).resources
     pool = one(resources, NODE_POOL, SERVING_POOL).inputs
-    assert pool["autoscaling"]["totalMaxNodeCount"] == 3 and pool["nodeConfig"]["spot"] is True
+    assert pool["autoscaling"]["totalMaxNodeCount"] == 3 + 1 and pool["nodeConfig"]["spot"] is True
     assert one(resources, "kubernetes:autoscaling/v2:HorizontalPodAutoscaler", "vllm").inputs["spec"]["maxReplicas"] == 3
 
 
@@ -101,16 +101,18 @@ def test_the_image_comes_pinned_through_the_stacks_docker_hub_repository():
     mirror = one(resources, REPOSITORY, "docker-hub").inputs
     assert (mirror["mode"], mirror["remoteRepositoryConfig"]["dockerRepository"]["publicRepository"]) == ("REMOTE_REPOSITORY", "DOCKER_HUB")
     prefix = f"us-east5-docker.pkg.dev/{PROJECT_ID}/{mirror_repository_id('gemma-serving')}/vllm/vllm-tpu@sha256:"
-    assert {c["image"] for c in pod_spec(resources)["containers"] + pod_spec(resources)["initContainers"]} == {
+    assert {c["image"] for c in pod_spec(resources)["containers"]} == {
         stack_values("serving")["gemma-tpu:serving"]["image"].replace("vllm/vllm-tpu@sha256:", prefix)
     }
+    (smoke,) = one(resources, JOB, "vllm-smoke").inputs["spec"]["template"]["spec"]["containers"]
+    assert smoke["image"].startswith(f"us-east5-docker.pkg.dev/{PROJECT_ID}/{mirror_repository_id('gemma-serving')}/library/python:")
     reader = one(resources, "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember", "nodes-pull-docker-hub").inputs
     assert reader["role"] == "roles/artifactregistry.reader" and reader["member"].startswith("serviceAccount:gemma-serving-nodes@")
 
 
-def test_an_image_of_another_registry_needs_no_mirror():
+def test_images_of_another_registry_need_no_mirror():
     image = "us-docker.pkg.dev/acme/tpu/vllm-tpu@sha256:" + "d" * 64
-    resources = serving_preview(image=image).resources
+    resources = serving_preview(image=image, smokeImage="us-docker.pkg.dev/acme/tpu/python@sha256:" + "e" * 64).resources
     assert [r.name for r in of_type(resources, REPOSITORY)] == ["trainer-images"]
     assert {c["image"] for c in pod_spec(resources)["containers"]} == {image}
 
@@ -132,6 +134,14 @@ def test_outputs_give_the_port_forward_the_curl_and_the_smoke_result():
     assert '"model": "tinystories"' in outputs["serving"]["curl"] and outputs["serving"]["model"] == "tinystories"
     assert "servingSmoke" in outputs
     assert serving_preview(replicas=0).outputs["servingSmoke"].startswith("no replicas")
+
+
+def test_the_cost_output_says_what_an_idle_serving_replica_costs():
+    from infra.pricing import PRICE_PER_CHIP_HOUR_USD
+
+    replica = previewed("serving").outputs["tpuCostPerHourUsd"]["servingReplica"]
+    assert (replica["chips"], replica["onDemand"]) == (1, PRICE_PER_CHIP_HOUR_USD["v6e"].on_demand)  # one v6e chip
+    assert "servingReplica" not in previewed("dev").outputs["tpuCostPerHourUsd"]
 
 
 def test_zero_replicas_keeps_the_pool_and_runs_no_smoke_job():
@@ -185,24 +195,35 @@ def test_a_bad_serving_config_is_one_line_and_exit_2_before_any_resource(tmp_pat
     assert result.stdout == ""  # nothing was declared
 
 
-def test_up_waits_for_the_answer_only_when_the_export_is_there(monkeypatch):
-    """`pulumi up` reads the bucket: with the export there it awaits the smoke Job (skipAwait false)
-    and reports the answer; before, it leaves the Job waiting in the cluster and says what for."""
-    resources, outputs = previewed("serving").resources, previewed("serving").outputs
-    waiting = one(resources, JOB, "vllm-smoke").inputs["metadata"]["annotations"]
-    assert waiting == {"pulumi.com/skipAwait": "true"}
-    assert outputs["servingSmoke"].startswith("waiting for the run's export (gs://acme-ml-123-serving-artifacts/runs/tinystories-")
-    assert outputs["servingSmoke"].endswith("/export/hf/config.json): the smoke Job asks once vLLM is up; read it with: "
-                                            "kubectl logs -n training job/vllm-smoke, or pulumi up again to wait for it")
+def _bucket_holds(monkeypatch, *versions: str) -> None:
+    """The artifacts bucket, as `pulumi up` lists it, holds these published versions of the run."""
 
     def call(self, args):
         if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
-            name = args.args["matchGlob"].strip("{}")
-            return {"bucket": args.args["bucket"], "bucketObjects": [{"name": name, "mediaLink": "", "selfLink": "",
-                                                                      "contentType": "application/json", "storageClass": "STANDARD"}]}
+            names = [args.args["matchGlob"].replace("*", version) for version in versions]
+            return {"bucket": args.args["bucket"], "bucketObjects": [
+                {"name": name, "mediaLink": "", "selfLink": "", "contentType": "application/json", "storageClass": "STANDARD"}
+                for name in names]}  # fmt: skip
         return {}
 
     monkeypatch.setattr(preview_module._CloudPlaceholders, "call", call)
-    exported = preview(stack_values("serving"), "serving")
-    assert one(exported.resources, JOB, "vllm-smoke").inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "false"}
-    assert exported.outputs["servingSmoke"] == "answered; read the answer with: kubectl logs -n training job/vllm-smoke"
+
+
+def test_nothing_published_no_tpu_pod_and_a_suspended_smoke_job(monkeypatch):
+    """Before the run publishes, `pulumi up` applies the Deployment at zero replicas (no TPU node) and
+    the smoke Job suspended, and says why; with a version it serves the newest, awaits the answer."""
+    resources, outputs = previewed("serving").resources, previewed("serving").outputs
+    assert one(resources, DEPLOYMENT, "vllm").inputs["spec"]["replicas"] == 0
+    job = one(resources, JOB, "vllm-smoke").inputs
+    assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"} and job["spec"]["suspend"] is True
+    assert outputs["servingSmoke"].startswith("nothing published in gs://acme-ml-123-serving-artifacts/published/tinystories yet")
+
+    _bucket_holds(monkeypatch, "20261201T000000Z-tinystories-aaaa", "20261205T120000Z-tinystories-bbbb")
+    published = preview(stack_values("serving"), "serving")
+    deployment = one(published.resources, DEPLOYMENT, "vllm").inputs["spec"]
+    assert deployment["replicas"] == 1
+    (model,) = [v for v in deployment["template"]["spec"]["volumes"] if "csi" in v]
+    assert "only-dir=published/tinystories/20261205T120000Z-tinystories-bbbb" in model["csi"]["volumeAttributes"]["mountOptions"]
+    assert one(published.resources, JOB, "vllm-smoke").inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "false"}
+    assert published.outputs["servingSmoke"] == ("answered by 20261205T120000Z-tinystories-bbbb; read the answer with: "
+                                                 "kubectl logs -n training job/vllm-smoke")

@@ -62,7 +62,7 @@ def _check_consistent(values, stack):
     (namespace,) = _inputs_by_type(resources, "kubernetes:core/v1:Namespace")
     accounts = _inputs_by_type(resources, "kubernetes:core/v1:ServiceAccount")
     assert manifests.namespace(spec) == namespace
-    serving_accounts = [obj for obj in stack_serving_objects(config, run_specs(config, image=IMAGE)) if obj["kind"] == "ServiceAccount"]
+    serving_accounts = [obj for obj in stack_serving_objects(config, run_specs(config, image=IMAGE), None) if obj["kind"] == "ServiceAccount"]
     assert _by_name(manifests.service_accounts(spec) + serving_accounts) == _by_name(accounts)
     buckets = {b["name"] for b in _inputs_by_type(resources, "gcp:storage/bucket:Bucket")}
     assert {spec.data_bucket, spec.artifacts_bucket} == buckets

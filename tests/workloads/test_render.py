@@ -37,7 +37,7 @@ def test_render_prints_plain_yaml_for_every_stack(stack, capsys):
     kinds = [obj["kind"] for obj in yaml.safe_load_all(text)]
     config = stack_config(stack)
     datasets = {run.training.dataset for run in config.runs}
-    kinds = kinds[: len(kinds) - len(stack_serving_objects(config, render_specs(config)))]  # last: tests/workloads/test_serving.py
+    kinds = kinds[: len(kinds) - len(stack_serving_objects(config, render_specs(config), None))]  # last: tests/workloads/test_serving.py
     # The namespace, 2 ServiceAccounts, the queue, a preparation per dataset and each run's training object.
     assert kinds[:3] == ["Namespace", "ServiceAccount", "ServiceAccount"]
     assert len(kinds) == 3 + len(queue_objects(config)) + len(datasets) + len(config.runs)

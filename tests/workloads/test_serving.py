@@ -1,12 +1,14 @@
-"""The serving objects (workloads.serving): what vLLM is started with, where it runs, what it may
-read, and that each object passes its schema and the admission rules of its controllers."""
+"""The serving objects (workloads.serving): what vLLM is started with, which published version it
+serves, where it runs, what it may read, and that each object passes its schema and the admission
+rules of its controllers."""
 
 import copy
 import json
 
 import pytest
+import yaml
 
-from infra.config.serving import mirror_repository_id, serving_account_id
+from infra.config.serving import SERVED_MODELS, mirror_repository_id, serving_account_id
 from tests.workloads.admission import violations
 from tests.workloads.admission_serving import SERVING_RULES, validate_pod_monitoring
 from tests.workloads.conftest import container, edited_config, spec_of
@@ -15,6 +17,7 @@ from workloads import serving
 from workloads.__main__ import stack_objects
 
 UPSTREAM = "vllm/vllm-tpu:v0.27.0@sha256:" + "b" * 64
+VERSION = "20261205T120000Z-gemma-finetune-0123abcd"
 VARIANTS = {
     "merged": {},
     "adapter": {"lora": "adapter"},
@@ -28,12 +31,12 @@ VARIANTS = {
 def serving_config(serving_keys=None, *, stack="dev", **sections):
     keys = {"enabled": True, "image": UPSTREAM, **(serving_keys or {})}
     training = {"loraRank": 16} if (serving_keys or {}).get("lora") == "adapter" else {}
-    return edited_config(stack, serving=keys, training=training, **sections)
+    return edited_config(stack, serving=keys, training={**training, **sections.pop("training", {})}, **sections)
 
 
-def spec(serving_keys=None, **kwargs) -> serving.ServingSpec:
+def spec(serving_keys=None, *, version=VERSION, **kwargs) -> serving.ServingSpec:
     config = serving_config(serving_keys, **kwargs)
-    return serving.serving_spec(config, spec_of(config))
+    return serving.serving_spec(config, spec_of(config), version)
 
 
 def objects_by_kind(serving_spec) -> dict[str, dict]:
@@ -44,15 +47,16 @@ def pod(serving_spec) -> dict:
     return serving.deployment(serving_spec)["spec"]["template"]
 
 
+@pytest.mark.parametrize("version", [VERSION, None])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_serving_object_passes_its_schema_and_the_admission_rules(variant):
-    for obj in serving.serving_objects(spec(VARIANTS[variant])):
+def test_every_serving_object_passes_its_schema_and_the_admission_rules(variant, version):
+    for obj in serving.serving_objects(spec(VARIANTS[variant], version=version)):
         (validate_pod_monitoring if obj["kind"] == "PodMonitoring" else validate_builtin)(obj)
         assert violations(obj) == [], obj["kind"]
 
 
 def test_the_stack_renders_serving_after_the_runs():
-    kinds = [obj["kind"] for obj in stack_objects(serving_config(VARIANTS["autoscaled"]))]
+    kinds = [obj["kind"] for obj in stack_objects(serving_config(VARIANTS["autoscaled"]), VERSION)]
     assert kinds[-6:] == ["ServiceAccount", "Deployment", "Service", "PodMonitoring", "HorizontalPodAutoscaler", "Job"]
     assert "Deployment" not in [obj["kind"] for obj in stack_objects(edited_config("dev"))]
 
@@ -69,12 +73,50 @@ def test_vllm_runs_tensor_parallel_over_the_slices_chips_on_the_slices_nodes():
         assert selector.items() <= template["spec"]["nodeSelector"].items()
 
 
-def test_the_run_is_served_under_its_own_name_from_its_export():
+def test_the_run_is_served_under_its_own_name_from_its_published_version():
     config = serving_config({"maxModelLen": 4096})
-    serving_spec = serving.serving_spec(config, spec_of(config))
+    serving_spec = serving.serving_spec(config, spec_of(config), VERSION)
     args = container(pod(serving_spec), serving.SERVER_CONTAINER)["args"]
     assert {"--model=/model/hf", "--served-model-name=gemma-finetune", "--max-model-len=4096", "--port=8000"} <= set(args)
-    assert serving_spec.export_dir == f"{spec_of(config).run_dir}/export"
+    assert serving_spec.version_dir == f"published/gemma-finetune/{VERSION}"
+    trainer_args = spec_of(config).trainer_args
+    assert ("--publish-dir", f"/artifacts/{serving_spec.published_dir}") in zip(trainer_args, trainer_args[1:])
+
+
+def test_a_trainer_image_change_or_a_new_run_leaves_the_served_model_unchanged_until_a_version_is_published():
+    config, retrained = serving_config(), serving_config(training={"steps": 777})
+    runs = {"first": spec_of(config), "rebuilt": spec_of(config, image="europe-docker.pkg.dev/p/r/trainer@sha256:" + "d" * 64),
+            "retrained": spec_of(retrained)}  # fmt: skip
+    assert len({run.run_dir for run in runs.values()}) == 3  # three runs, each in a directory of its own...
+    published = [f"{runs['first'].publish_dir}/{VERSION}/published.json"]  # ...and the bucket holds the first's version
+    served = [serving.deployment(serving.serving_spec(run_config, run, serving.newest_version(run.publish_dir, published)))
+              for run_config, run in ((config, runs["first"]), (config, runs["rebuilt"]), (retrained, runs["retrained"]))]
+    assert served[0] == served[1] == served[2]  # the same pods, untouched by the rebuild and the new run
+    newer = "20261206T080000Z-" + runs["retrained"].name  # the new run publishes
+    assert serving.newest_version(runs["retrained"].publish_dir, [*published, f"{runs['retrained'].publish_dir}/{newer}/published.json"]) == newer
+    rolled = serving.deployment(serving.serving_spec(retrained, runs["retrained"], newer))
+    assert rolled["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert rolled["spec"]["template"] != served[0]["spec"]["template"]  # the new version rolls out
+
+
+def test_only_complete_versions_of_the_runs_folder_are_served():
+    folder = "published/gemma-finetune"
+    names = [f"{folder}/{VERSION}/hf/config.json", f"{folder}/.{VERSION}.partial-ab12/published.json",
+             "published/gemma-finetune-2/20991231T000000Z-x/published.json", f"{folder}/{VERSION}/published.json"]  # fmt: skip
+    assert serving.newest_version(folder, names) == VERSION
+    assert serving.newest_version(folder, names[:3]) is None
+
+
+def test_no_pod_requests_a_tpu_before_an_export_is_published():
+    for variant in ("merged", "autoscaled", "four-chips"):
+        objects = objects_by_kind(spec(VARIANTS[variant], version=None))
+        assert objects["Deployment"]["spec"]["replicas"] == 0
+        assert objects["Job"]["spec"]["suspend"] is True
+        assert "google.com/tpu" not in json.dumps(objects["Job"])
+        if "HorizontalPodAutoscaler" in objects:  # Kubernetes' HPA leaves a target at zero replicas alone
+            assert objects["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == objects["Deployment"]["metadata"]["name"]
+    served = objects_by_kind(spec())
+    assert served["Deployment"]["spec"]["replicas"] == 1 and served["Job"]["spec"]["suspend"] is False
 
 
 def test_an_adapter_is_served_on_the_base_under_the_runs_name():
@@ -83,25 +125,55 @@ def test_an_adapter_is_served_on_the_base_under_the_runs_name():
             "--served-model-name=gemma-finetune-base"} <= set(args)  # fmt: skip
 
 
-def test_the_export_is_mounted_read_only_and_alone():
+def test_the_version_is_mounted_read_only_and_alone():
     serving_spec = spec()
     template = pod(serving_spec)
     (volume,) = [v for v in template["spec"]["volumes"] if "csi" in v]
     attributes = volume["csi"]["volumeAttributes"]
     assert volume["csi"]["readOnly"] is True and attributes["bucketName"] == serving_spec.artifacts_bucket
-    assert f"only-dir={serving_spec.export_dir}" in attributes["mountOptions"].split(",")
-    mounts = [m for c in template["spec"]["initContainers"] + template["spec"]["containers"] for m in c.get("volumeMounts", [])]
+    assert f"only-dir=published/gemma-finetune/{VERSION}" in attributes["mountOptions"].split(",")
+    assert "initContainers" not in template["spec"]  # nothing waits: the version is complete when it is served
+    mounts = [m for c in template["spec"]["containers"] for m in c.get("volumeMounts", [])]
     assert all(m["readOnly"] for m in mounts if m["name"] == volume["name"])
 
 
-def test_the_wait_names_the_export_and_the_writable_cache_is_not_on_it():
-    for keys, awaited in (({}, ["/model/hf/config.json"]),
-                          (VARIANTS["adapter"], ["/model/base/config.json", "/model/adapter/adapter_config.json"])):  # fmt: skip
-        serving_spec = spec(keys)
+def test_the_model_mount_caches_the_whole_export_with_parallel_downloads():
+    for model in ("gemma3-1b", "gemma3-12b"):
+        serving_spec = spec({"topology": "2x4"} if model == "gemma3-12b" else {}, training={"model": model})
         template = pod(serving_spec)
-        script = container(template, serving.WAIT_CONTAINER)["command"][-1]
-        assert all(path in script for path in awaited)
-        assert f"gs://{serving_spec.artifacts_bucket}/{serving_spec.export_dir}/" in script and "waiting for" in script
+        (volume,) = [v for v in template["spec"]["volumes"] if "csi" in v]
+        options = volume["csi"]["volumeAttributes"]["mountOptions"].split(",")
+        export_mib = SERVED_MODELS[model].export_bytes / 2**20
+        (size,) = [int(o.rsplit(":", 1)[1]) for o in options if o.startswith("file-cache:max-size-mb:")]
+        assert export_mib < size <= export_mib + 1025
+        assert {"file-cache:cache-file-for-range-read:true", "file-cache:enable-parallel-downloads:true",
+                "metadata-cache:ttl-secs:-1", "metadata-cache:stat-cache-max-size-mb:-1"} <= set(options)  # fmt: skip
+        (cache,) = [v for v in template["spec"]["volumes"] if v["name"] == "gke-gcsfuse-cache"]
+        assert int(cache["emptyDir"]["sizeLimit"].removesuffix("Gi")) * 1024 >= size
+        annotations = template["metadata"]["annotations"]
+        assert annotations["gke-gcsfuse/memory-limit"] == annotations["gke-gcsfuse/cpu-limit"] == "0"
+        assert annotations["gke-gcsfuse/ephemeral-storage-limit"] == "0" and "gke-gcsfuse/memory-request" in annotations
+
+
+def test_the_file_cache_is_in_memory_only_where_the_host_holds_it_beside_vllm():
+    assert spec().file_cache_in_memory  # 1b on ct6e-standard-1t (448 GB)
+    small_host = spec({"accelerator": "v5e", "topology": "1x1"}, training={"model": "gemma3-4b"})  # 7 GiB on a 48 GB host
+    assert not small_host.file_cache_in_memory
+    template = pod(small_host)
+    (cache,) = [v for v in template["spec"]["volumes"] if v["name"] == "gke-gcsfuse-cache"]
+    assert "medium" not in cache["emptyDir"]
+    disk = container(template, serving.SERVER_CONTAINER)["resources"]["requests"]["ephemeral-storage"]
+    assert disk == f"{int(cache['emptyDir']['sizeLimit'].removesuffix('Gi')) + 20}Gi"  # the cache on disk, and the XLA cache
+
+
+def test_the_sidecar_limits_are_lifted_on_standard_only():
+    assert pod(spec())["metadata"]["annotations"]["gke-gcsfuse/cpu-limit"] == "0"
+    autopilot = pod(spec(cluster={"mode": "autopilot"}))["metadata"]["annotations"]
+    assert autopilot == {"gke-gcsfuse/volumes": "true"}
+
+
+def test_the_writable_caches_are_not_on_the_model():
+    template = pod(spec())
     server = container(template, serving.SERVER_CONTAINER)
     cache = {e["name"]: e["value"] for e in server["env"]}["VLLM_XLA_CACHE_PATH"]
     (cache_mount,) = [m for m in server["volumeMounts"] if m["mountPath"] == cache]
@@ -141,9 +213,13 @@ def test_zero_replicas_has_no_smoke_job_and_no_autoscaler():
     assert objects_by_kind(spec(VARIANTS["zero"]))["Deployment"]["spec"]["replicas"] == 0
 
 
-def test_the_smoke_job_asks_the_served_model_through_the_service():
+def test_the_smoke_job_asks_the_served_model_through_the_service_from_a_small_image():
     serving_spec = spec()
-    script = container(serving.smoke_job(serving_spec)["spec"]["template"], serving.SMOKE_CONTAINER)["command"][-1]
+    job = serving.smoke_job(serving_spec)
+    smoke = container(job["spec"]["template"], serving.SMOKE_CONTAINER)
+    assert smoke["image"] != serving_spec.image and "python" in smoke["image"] and "@sha256:" in smoke["image"]
+    assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    script = smoke["command"][-1]
     compile(script, "smoke", "exec")  # the Job runs it with python3 -c
     assert "http://vllm.training.svc:8000" in script and "/v1/chat/completions" in script and "/health" in script
     assert serving.chat_request(serving_spec)["model"] == "gemma-finetune"
@@ -155,10 +231,11 @@ def test_the_smoke_job_asks_the_served_model_through_the_service():
 
 def test_a_docker_hub_image_is_pulled_through_the_stacks_remote_repository():
     config = serving_config()
-    image = serving.served_image(config)
-    assert image == f"us-east5-docker.pkg.dev/{config.project}/{mirror_repository_id(config.cluster_name)}/{UPSTREAM}"
-    other = serving_config({"image": "us-docker.pkg.dev/acme/mirror/vllm-tpu@sha256:" + "c" * 64})
-    assert serving.served_image(other) == "us-docker.pkg.dev/acme/mirror/vllm-tpu@sha256:" + "c" * 64
+    mirror = f"us-east5-docker.pkg.dev/{config.project}/{mirror_repository_id(config.cluster_name)}"
+    assert serving.mirrored_image(config, UPSTREAM) == f"{mirror}/{UPSTREAM}"
+    assert spec().smoke_image == f"{mirror}/library/{config.serving.smoke_image}"
+    other = "us-docker.pkg.dev/acme/mirror/vllm-tpu@sha256:" + "c" * 64
+    assert serving.mirrored_image(config, other) == other
 
 
 def test_the_google_account_is_within_the_stack_name_limit():
@@ -192,3 +269,17 @@ def test_the_admission_rules_catch_a_broken_serving_object(kind, breaks, rule):
 
 def test_every_serving_rule_has_a_case_that_breaks_it():
     assert set(SERVING_RULES) <= {rule for _, _, rule in BREAKS}
+
+
+def test_render_shows_the_serving_of_a_version_or_of_none(capsys):
+    from workloads.__main__ import main
+
+    def rendered_deployment(*argv):
+        assert main(["render", "--stack", "serving", *argv]) == 0
+        (deployment,) = [obj for obj in yaml.safe_load_all(capsys.readouterr().out) if obj and obj["kind"] == "Deployment"]
+        return deployment
+
+    assert rendered_deployment()["spec"]["replicas"] == 0
+    served = rendered_deployment("--served-version", VERSION)
+    assert served["spec"]["replicas"] == 1
+    assert f"only-dir=published/tinystories/{VERSION}" in json.dumps(served)

@@ -29,9 +29,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
-from trainer import checkpoint, mesh, models, shared_files
+from trainer import checkpoint, contract, mesh, models, shared_files
 
-from trainer.hf import config as hf_config, tokenizer as hf_tokenizer, weights as hf_weights
+from trainer.hf import config as hf_config, publish, tokenizer as hf_tokenizer, weights as hf_weights
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import GEMMA3_MODELS, TrainConfig
 from trainer.errors import UserError, entry_point
@@ -259,6 +259,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a LoRA run: merged (the adapted model), adapter (PEFT adapter alone), base (the frozen base)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="the weights' dtype (default bfloat16)")
     parser.add_argument("--tokenizer", help="the run's SentencePiece model, where config.json's path does not reach it")
+    parser.add_argument("--publish", metavar="PUBLISH_DIR", help="then publish the merged model at --out as a new version "
+                        "there, the one serving follows (trainer.hf.publish)")
     return parser.parse_args(argv)
 
 
@@ -267,11 +269,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     mesh.require_requested_platform()
     _require_free(pathlib.Path(args.out))
+    if args.publish and args.lora_export != "merged":
+        raise UserError(f"--publish with --lora-export {args.lora_export}: a version serves the base and its adapter together; "
+                        "export both, then python -m trainer.hf.publish --part base --part adapter")
     run = read_run(args.run, tokenizer=args.tokenizer)
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.hf.export: wrote {args.out} from {source}")
+    if args.publish:
+        version = publish.publish(pathlib.Path(args.publish), publish.run_id(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
+        print(f"trainer.hf.export: published {version}")
 
 
 if __name__ == "__main__":

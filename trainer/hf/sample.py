@@ -23,13 +23,15 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def answers(model_dir: pathlib.Path, prompts: list[str], *, max_new_tokens: int) -> list[str]:
-    """The model's greedy answer to each prompt, special tokens left out."""
+    """The model's greedy answer to each prompt, special tokens left out; never an id the tokenizer lacks
+    (the model's embedding table may have more rows than the tokenizer has pieces)."""
     import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
+    beyond_tokenizer = list(range(len(tokenizer), model.config.vocab_size)) or None
     replies = []
     for prompt in prompts:
         if tokenizer.chat_template:
@@ -38,7 +40,7 @@ def answers(model_dir: pathlib.Path, prompts: list[str], *, max_new_tokens: int)
         else:
             ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, suppress_tokens=beyond_tokenizer)
         replies.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip())
     return replies
 

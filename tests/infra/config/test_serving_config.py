@@ -55,6 +55,11 @@ def test_an_image_without_a_digest_is_refused(image):
     assert refused({"image": image}).startswith(f"gemma-tpu:serving.image {image!r} is not pinned by digest")
 
 
+@pytest.mark.parametrize("image", ["python:3.12-alpine", "python@sha256:abc"])
+def test_a_smoke_image_without_a_digest_is_refused(image):
+    assert refused({"smokeImage": image}).startswith(f"gemma-tpu:serving.smokeImage {image!r} is not pinned by digest")
+
+
 def test_a_multi_host_slice_is_refused_with_the_single_host_ones():
     message = refused({"topology": "4x4"})
     assert message.startswith("gemma-tpu:serving.topology v6e 4x4 spans 4 hosts, and vLLM serves from one; choose one of 1x1, 2x2, 2x4")

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from trainer import checkpoint, mesh, models, precision, sampling, shared_files, step
-from trainer.hf import export, load as hf_load
+from trainer.hf import export
 
 from trainer.measure import flops
 from trainer.data import loader as data_lib
@@ -80,7 +80,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
     inputs = resolve_inputs(config, workdir)
     model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size)
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
-    hf_load.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
+    models.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
     mesh.check_batch(config.batch_size, device_mesh)

@@ -179,3 +179,15 @@ def _base_weights(config: TrainConfig, model_config, shard):
     if config.weights != "official" and hf_load.is_model_directory(path):
         return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected))
     return load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
+
+
+def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
+    """The run's Hugging Face --weights and --lora-weights (if it has them) against its model and tokenizer,
+    from their configs and headers: before any weight is read or step compiled."""
+    if config.weights not in ("official", "random") and hf_load.is_model_directory(config.weights):
+        expected = jax.eval_shape(lambda: init_params(model_config, seed=0))
+        hf_load.ModelDirectory(config.weights).check(config.model, model_config, expected, tokenizer=tokenizer,
+                                                     vocab_size=vocab_size)
+    if config.lora_weights:
+        expected = jax.eval_shape(lambda: init_adapters(model_config, seed=0, lora_rank=config.lora_rank))
+        hf_load.AdapterDirectory(config.lora_weights).check(model_config, expected, lora_rank=config.lora_rank)

@@ -20,7 +20,7 @@ import optax
 
 from trainer import layers as layers_lib
 from trainer import hbm, loss, mesh, models, vocab_chunk
-from trainer.measure import compile_answers
+from trainer import compile_answers
 
 State = dict[str, Any]
 

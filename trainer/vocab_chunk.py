@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import loss, mesh
 from trainer import hardware
-from trainer.measure import compile_answers
+from trainer import compile_answers
 
 # Plain logits, then chunks of 2^16 down to 2^12 rows; those not below the vocabulary are left out.
 CANDIDATES = (None, 65_536, 32_768, 16_384, 8_192, 4_096)

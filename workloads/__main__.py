@@ -115,7 +115,7 @@ def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from trainer import mesh
     from trainer.errors import UserError
-    from trainer.measure import compile_answers
+    from trainer import compile_answers
     from workloads import fit
 
     cache_dir = None if args.no_cache else args.cache_dir or compile_answers.default_cache_dir()

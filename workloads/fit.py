@@ -40,8 +40,8 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
     """Compile every selected run's step for its slice (several minutes a run for the real models)."""
     from trainer import models
     from trainer.config import parse_config
-    from trainer.hf import load as hf_load
-    from trainer.measure import compile_answers, compiled
+    from trainer import compile_answers
+    from trainer.measure import compiled
 
     fits = []
     for run in select_runs(config, run_name):
@@ -49,7 +49,7 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
         train_config = parse_config(list(spec.trainer_args))
         # A Hugging Face --weights directory of another model fails here as it would in the Job (the
         # stack trains Gemma 3 models only, whose tokenizer is Gemma 3's).
-        hf_load.check_weights(train_config, models.model_config(train_config.model, vocab_size=0))
+        models.check_weights(train_config, models.model_config(train_config.model, vocab_size=0))
         devices = compiled.tpu_devices(config.tpu.accelerator, config.tpu.topology, num_slices=run.slices)
         compile_answers.say(f"run {run.name}: {train_config.model}, batch {train_config.batch_size} x {train_config.seq_len}, "
                             f"{config.tpu.accelerator} {config.tpu.topology} x {run.slices}")

@@ -156,8 +156,9 @@ class ModelDirectory:
             files = [SINGLE]
         self.tensors = _Tensors(path, files, flag)
 
-    def check(self, model_name: str, model_config, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
-        """One line for the first way the directory does not fit `--model model_name` (and its tokenizer)."""
+    def check(self, model_name: str, model_config, expected, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
+        """One line for the first way the directory does not fit `--model model_name` (and its tokenizer);
+        `expected` is the model's parameter tree as shapes (trainer.models.check_weights)."""
         ours = hf_config.architecture(hf_config.model_config_json(model_config, dtype="float32", bos_id=0, eos_id=0, pad_id=0))
         try:
             theirs = hf_config.architecture(self.text_config)
@@ -173,7 +174,7 @@ class ModelDirectory:
             with_tokenizer = f" with --tokenizer {tokenizer} ({vocab_size} pieces)" if tokenizer else ""
             raise UserError(f"{self.flag} {self.path}: its embedding has {rows} rows, --model {model_name}{with_tokenizer} "
                             f"has {model_config.num_embed}; use the tokenizer the checkpoint was trained with")
-        abstract = _abstract(lambda models: models.init_params(model_config, seed=0))
+        abstract = expected
         for tensor in hf_weights.model_tensors(model_config):
             stored = self.tensors.stored_name(tensor.name, "")
             shape = tuple(hf_weights.lookup(abstract, tensor.source).shape)
@@ -184,13 +185,6 @@ class ModelDirectory:
     def load(self, model_config, expected, shardings):
         """The plain gm tree `expected` (ShapeDtypeStructs) of float32 arrays in `shardings`."""
         return self.tensors.load(hf_weights.model_tensors(model_config), "", expected, shardings, lambda name: 1.0)
-
-
-def _abstract(init):
-    """The shapes `init(trainer.models)` makes, traced without allocating (trainer.models reads this module)."""
-    from trainer import models
-
-    return jax.eval_shape(lambda: init(models))
 
 
 class AdapterDirectory:
@@ -216,7 +210,7 @@ class AdapterDirectory:
         rank, alpha = self.config["r"], self.config.get("lora_alpha", 8)  # PEFT's default alpha
         return alpha / (math.sqrt(rank) if self.config.get("use_rslora") else rank)
 
-    def check(self, model_config, *, lora_rank: int) -> None:
+    def check(self, model_config, expected, *, lora_rank: int) -> None:
         if self.config.get("r") != lora_rank:
             raise UserError(f"{self.flag} {self.path}: the adapter's rank (r) is {self.config.get('r')}, the run's "
                             f"--lora-rank {lora_rank}; pass --lora-rank {self.config.get('r')}")
@@ -225,7 +219,7 @@ class AdapterDirectory:
         if modules != "all-linear" and set(modules or ()) != ours:
             raise UserError(f"{self.flag} {self.path}: the adapter's target_modules are {modules}; this trainer's LoRA "
                             f"adapts {', '.join(sorted(ours))}")
-        abstract = _abstract(lambda models: models.init_adapters(model_config, seed=0, lora_rank=lora_rank))
+        abstract = expected
         tensors = hf_weights.lora_tensors(model_config.num_layers)
         for tensor in tensors:
             stored = self.tensors.stored_name(tensor.name, hf_weights.PEFT_PREFIX)
@@ -248,12 +242,3 @@ class AdapterDirectory:
         scale = self.scale
         return self.tensors.load(hf_weights.lora_tensors(model_config.num_layers), hf_weights.PEFT_PREFIX, expected,
                                  shardings, lambda name: scale if ".lora_B." in name else 1.0)
-
-
-def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
-    """The run's Hugging Face --weights and --lora-weights (if it has them) against its model and tokenizer,
-    from their configs and headers: before any weight is read or step compiled."""
-    if config.weights not in ("official", "random") and is_model_directory(config.weights):
-        ModelDirectory(config.weights).check(config.model, model_config, tokenizer=tokenizer, vocab_size=vocab_size)
-    if config.lora_weights:
-        AdapterDirectory(config.lora_weights).check(model_config, lora_rank=config.lora_rank)

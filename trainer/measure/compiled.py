@@ -32,7 +32,8 @@ import jax.numpy as jnp
 from trainer import hbm, layers, mesh, models, precision, step, tpu_flags, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer.measure import collectives, compile_answers, flops, hbm_traffic, windowed_loops
+from trainer import compile_answers
+from trainer.measure import collectives, flops, hbm_traffic, windowed_loops
 from trainer import hardware
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.

@@ -32,15 +32,15 @@ def one_device(tree):
 
 def load_model(directory, config, name="tiny"):
     found = hf_load.ModelDirectory(str(directory))
-    found.check(name, config)
     expected = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    found.check(name, config, expected)
     return found.load(config, expected, one_device(expected))
 
 
 def load_adapter(directory, config):
     found = hf_load.AdapterDirectory(str(directory))
-    found.check(config, lora_rank=RANK)
     expected = jax.eval_shape(lambda: models.init_adapters(config, seed=0, lora_rank=RANK))
+    found.check(config, expected, lora_rank=RANK)
     return found.load(config, expected, one_device(expected))
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from trainer import hbm, models
 from trainer.config import TrainConfig
-from trainer.measure import compile_answers, compiled
+from trainer import compile_answers
+    from trainer.measure import compiled
 
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
 

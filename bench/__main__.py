@@ -14,7 +14,7 @@ import time
 from importlib import metadata
 
 from bench import data_pipeline, inputs as inputs_lib, throughput
-from trainer.mesh import jax_entry_point
+from trainer.run.mesh import jax_entry_point
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "gemma", "grain", "sentencepiece", "array_record")
 

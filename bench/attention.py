@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.stats import mib
-from trainer import hbm, layers, models
+from trainer.model import layers, models
+from trainer.run import hbm
 from trainer.config import GEMMA3_MODELS, TINY
 from trainer.gemma3.config import Attention
 from trainer.gemma3.model import dense_attention

@@ -27,7 +27,7 @@ from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bench.side import Side, StepCounts
-from trainer import models
+from trainer.model import models
 from trainer.config import TrainConfig
 from trainer.data.tokenizer import Tokenizer
 

@@ -30,12 +30,12 @@ from bench.baseline import tokenize_row
 from bench.stats import mib
 from trainer.data import loader as data_lib
 from trainer.measure import flops
-from trainer import hardware
-from trainer import models
+from trainer.run import hardware
+from trainer.model import models
 from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.prepare import prepare
 from trainer.data.tokenizer import load_tokenizer, train_tokenizer
-from trainer.mesh import jax_entry_point
+from trainer.run.mesh import jax_entry_point
 
 _MB = 10**6
 PREPARE_SCALING_MB = {"full": 128, "quick": 16}

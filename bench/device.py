@@ -29,7 +29,7 @@ import time
 import jax
 
 from bench import inputs as inputs_lib
-from trainer.mesh import jax_entry_point
+from trainer.run.mesh import jax_entry_point
 from trainer.shared_files import replaced_atomically
 
 

@@ -25,9 +25,10 @@ from bench.ours import Ours
 from bench.side import Side
 from bench.stats import spread
 from bench.throughput import Schedule, measure
-from trainer import hbm, mesh, models
+from trainer.model import models
+from trainer.run import hbm, mesh
 from trainer.errors import UserError
-from trainer import hardware
+from trainer.run import hardware
 from trainer.measure import flops
 
 LORA_RANK = 16  # ours when the full fine-tune's float32 state does not fit the chip
@@ -70,7 +71,7 @@ def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_le
 
 
 def out_of_memory(error: Exception) -> bool:
-    """The trainer's refusal (trainer.hbm), or the compiler's or the device's own (XLA's RESOURCE_EXHAUSTED)."""
+    """The trainer's refusal (trainer.run.hbm), or the compiler's or the device's own (XLA's RESOURCE_EXHAUSTED)."""
     return isinstance(error, hbm.MemoryRefusal) or "RESOURCE_EXHAUSTED" in str(error)
 
 

@@ -12,8 +12,8 @@ import time
 
 from trainer.hf import export
 
-from trainer import models
-from trainer.mesh import jax_entry_point
+from trainer.model import models
+from trainer.run.mesh import jax_entry_point
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.data.corpus import write_corpus
 

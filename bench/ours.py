@@ -1,5 +1,5 @@
 """Our side: the trainer's own loader, model, optimizer, mesh and train step, built and compiled as
-`trainer.loop` builds and compiles them (trainer.step.build_run_step and compile_run_step: on TPU the
+`trainer.loop` builds and compiles them (trainer.run.step.build_run_step and compile_run_step: on TPU the
 rematerialisation and vocabulary chunk the compiler fits in memory)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
 from trainer.data import loader as data_lib
-from trainer import mesh, models, precision, step
+from trainer.model import models, precision
+from trainer.run import mesh, step
 from trainer.config import TrainConfig
 
 

@@ -20,7 +20,7 @@ import time
 
 import jax
 
-from trainer.mesh import jax_entry_point
+from trainer.run.mesh import jax_entry_point
 
 
 @jax_entry_point("bench.tpu_fit: ")

@@ -1,5 +1,5 @@
 """Every `python -m` entry point of bench/ and trainer/measure that starts JAX goes through the platform
-guard first (trainer.mesh.require_requested_platform, via trainer.mesh.jax_entry_point), so that none
+guard first (trainer.run.mesh.require_requested_platform, via trainer.run.mesh.jax_entry_point), so that none
 prints libtpu's start-up errors on a host without a TPU, and a requested backend that does not start is
 one line and exit 2; the others do not import JAX at all."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainer import mesh
+from trainer.run import mesh
 from trainer.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

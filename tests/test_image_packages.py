@@ -102,7 +102,7 @@ def test_the_dockerfile_installs_only_the_trainer_lock_hash_checked_without_depe
 
 
 def test_gs_paths_resolve_to_gcsfs():
-    """etils.epath (Orbax, trainer.checkpoint, the tokenizer) reads gs:// through fsspec when TensorFlow is
+    """etils.epath (Orbax, trainer.run.checkpoint, the tokenizer) reads gs:// through fsspec when TensorFlow is
     absent, as in the image: fsspec must find gcsfs's filesystem class (not constructed here: no network)."""
     import fsspec
 

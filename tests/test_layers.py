@@ -20,11 +20,11 @@ TRAINER_LAYERS = (
     ("what both sides read", ("trainer", "trainer.contract", "trainer.errors", "trainer.shared_files")),
     ("the data side", ("trainer.data",)),
     ("the options", ("trainer.config", "trainer.gemma3.config")),
-    ("the parts of a run", ("trainer.checkpoint", "trainer.params_io", "trainer.hbm", "trainer.compile_answers", "trainer.metrics", "trainer.precision", "trainer.preemption",
-                            "trainer.measure.flops", "trainer.hardware", "trainer.measure.throughput",
+    ("the parts of a run", ("trainer.run.checkpoint", "trainer.model.params_io", "trainer.run.hbm", "trainer.run.compile_answers", "trainer.run.metrics", "trainer.model.precision", "trainer.run.preemption",
+                            "trainer.measure.flops", "trainer.run.hardware", "trainer.measure.throughput",
                             "trainer.hf.config", "trainer.hf.weights", "trainer.hf.tokenizer",
                             "trainer.hf.tokenizer_json", "trainer.hf.sample", "trainer.hf.publish")),
-    ("the model and its step", ("trainer.gemma3", "trainer.models", "trainer.hf.load", "trainer.layers", "trainer.flash_attention", "trainer.loss", "trainer.mesh", "trainer.step", "trainer.vocab_chunk", "trainer.sampling",
+    ("the model and its step", ("trainer.gemma3", "trainer.model.models", "trainer.hf.load", "trainer.model.layers", "trainer.model.flash_attention", "trainer.model.loss", "trainer.run.mesh", "trainer.run.step", "trainer.run.vocab_chunk", "trainer.model.sampling",
                                 "trainer.measure.plot")),
     ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.hf.export", "trainer.measure")),
     ("the entry point", ("trainer.__main__",)),
@@ -196,8 +196,8 @@ def test_the_check_refuses_each_wrong_way():
     assert _refused("trainer.loop", "infra.config")
     assert _refused("workloads.deploy", "stack")
     assert _refused("workloads.spec", "infra.config") is None and _refused("stack", "workloads.deploy") is None
-    assert _refused("trainer.data.prepare", "trainer.models.init_params")
-    assert _refused("trainer.models", "trainer.loop")
+    assert _refused("trainer.data.prepare", "trainer.model.models.init_params")
+    assert _refused("trainer.model.models", "trainer.loop")
     assert _refused("trainer.hf.export", "trainer.loop") is None and _refused("trainer.loop", "trainer.data.loader") is None
     assert _refused("infra.catalog.tpu", "infra.config.StackConfig")
     assert _refused("infra.cloud.cluster", "infra.observability.telemetry")

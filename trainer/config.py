@@ -21,8 +21,8 @@ from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
 
 # The one table of models: name -> Gemma 3 text architecture (trainer.gemma3.config; the vision tower of
-# 4B+ is neither built nor loaded: this trainer fine-tunes on text). trainer.models builds them and
-# trainer.params_io names their official checkpoints; the stack config offers them (infra.config).
+# 4B+ is neither built nor loaded: this trainer fine-tunes on text). trainer.model.models builds them and
+# trainer.model.params_io names their official checkpoints; the stack config offers them (infra.config).
 GEMMA3_MODELS = gemma3_config.MODELS
 # A Gemma 3 architecture small enough for a laptop CPU, with a tokenizer trained on its data.
 TINY = "tiny"
@@ -32,17 +32,17 @@ def model_names() -> tuple[str, ...]:
     return (*GEMMA3_MODELS, TINY)
 
 LR_SCHEDULES = ("cosine", "constant")
-COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.precision's choice for the platform
-OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.step.build_optimizer)
+COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.model.precision's choice for the platform
+OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.run.step.build_optimizer)
 PRESETS = ("tiny", "tiny-chat")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
 LOG_FORMATS = ("text", "json")
 MESH_AXES = ("data", "fsdp")
 # auto: the platform's Pallas kernel (splash on TPU, flash on GPU) for rows its block divides, else the
-# dense mask (trainer.layers.KERNELS).
+# dense mask (trainer.model.layers.KERNELS).
 ATTENTIONS = ("auto", "dense", "splash", "flash")
-# auto: the first of none, dots, full whose step the compiler fits in the chips' memory (trainer.step).
+# auto: the first of none, dots, full whose step the compiler fits in the chips' memory (trainer.run.step).
 REMATS = ("auto", "none", "dots", "full")
 # Environment variables that may stand in for the distributed flags (JAX reads the first one itself).
 DISTRIBUTED_ENV = {
@@ -78,7 +78,7 @@ class TrainConfig:
     optimizer_state_dtype: str = "float32"  # OPTIMIZER_STATE_DTYPES
     attention: str = "auto"  # ATTENTIONS
     remat: str = "auto"  # REMATS
-    vocab_chunk: str = "auto"  # auto, none or a number of vocabulary rows (trainer.vocab_chunk)
+    vocab_chunk: str = "auto"  # auto, none or a number of vocabulary rows (trainer.run.vocab_chunk)
     eval_fraction: float = 0.01
     eval_interval: int = 500
     checkpoint_dir: str | None = None  # None: WORKDIR/checkpoints

@@ -46,7 +46,8 @@ def _latest_checkpoint_params(config, run: dict, model_config):
     import jax
     import orbax.checkpoint as ocp
 
-    from trainer import checkpoint, models, step
+    from trainer.model import models
+    from trainer.run import checkpoint, step
 
     directory = checkpoint.absolute_path(run["checkpoint_dir"])
     if not directory.exists():
@@ -70,7 +71,8 @@ def load_run(workdir: pathlib.Path, run: dict):
     """(model, params in the compute dtype, tokenizer) of the run in `workdir`."""
     import jax.numpy as jnp
 
-    from trainer import models, precision, step
+    from trainer.model import models, precision
+    from trainer.run import step
     from trainer.data.tokenizer import load_tokenizer
 
     config = _train_config(run)
@@ -126,7 +128,8 @@ def main(argv=None) -> int | None:
     workdir = pathlib.Path(args.run)
     run = read_run_config(workdir)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from trainer import mesh, sampling
+    from trainer.model import sampling
+    from trainer.run import mesh
 
     mesh.require_requested_platform()
 

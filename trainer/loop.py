@@ -15,7 +15,9 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from trainer import checkpoint, mesh, models, precision, sampling, shared_files, step
+from trainer import shared_files
+from trainer.model import models, precision, sampling
+from trainer.run import checkpoint, mesh, step
 from trainer.hf import export
 
 from trainer.measure import flops
@@ -25,9 +27,9 @@ from trainer.config import TrainConfig
 from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.corpus import write_corpus
 from trainer.errors import UserError
-from trainer.metrics import METRICS_FILE, MetricsReporter
+from trainer.run.metrics import METRICS_FILE, MetricsReporter
 from trainer.measure.plot import plot_loss
-from trainer.preemption import PreemptionNotice
+from trainer.run.preemption import PreemptionNotice
 from trainer.measure.throughput import ThroughputMeter
 
 # The demo's generated inputs (`--preset tiny` or `tiny-chat` without --data / --tokenizer).
@@ -331,7 +333,7 @@ class _StepLoop:
 
 
 def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer, publish_dir: str | None = None) -> None:
-    """WORKDIR/export/params: a plain Gemma tree (trainer.params_io; gemma's gm.ckpts.load_params reads it too) (LoRA merged in);
+    """WORKDIR/export/params: a plain Gemma tree (trainer.model.params_io; gemma's gm.ckpts.load_params reads it too) (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
     Hugging Face directory (bfloat16) that serving stacks load, published as a new version to
     `publish_dir` when given (process 0; trainer.hf.publish). A failed HF export or publication only

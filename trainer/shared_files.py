@@ -4,7 +4,7 @@ The hosts of a multi-host slice mount one bucket as their workdir, so what `--pr
 generates there (corpus, tokenizer, prepared data) and what a run writes (config.json, the loss
 plot) is one file for all of them. Each is written under a temporary name beside its final one and
 renamed into place: a reader finds no file or the whole file, never a part. Which process makes
-them is `trainer.mesh.process_zero_first`'s part. No JAX here: the data tools import this too.
+them is `trainer.run.mesh.process_zero_first`'s part. No JAX here: the data tools import this too.
 """
 
 from __future__ import annotations

@@ -113,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
     # XLA's C++ start-up notices (below warnings) say nothing about the fit.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from trainer import mesh
+    from trainer.run import mesh
     from trainer.errors import UserError
-    from trainer import compile_answers
+    from trainer.run import compile_answers
     from workloads import fit
 
     cache_dir = None if args.no_cache else args.cache_dir or compile_answers.default_cache_dir()

@@ -38,9 +38,9 @@ def select_runs(config: StackConfig, run_name: str | None) -> tuple[RunConfig, .
 def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, search_batch: bool = True,
              compare_splits: bool = False) -> list[RunFit]:
     """Compile every selected run's step for its slice (several minutes a run for the real models)."""
-    from trainer import models
+    from trainer.model import models
     from trainer.config import parse_config
-    from trainer import compile_answers
+    from trainer.run import compile_answers
     from trainer.measure import compiled
 
     fits = []

@@ -16,7 +16,8 @@ from infra.config.training import PreparationConfig, TrainingConfig, trainer_fla
 from infra.config.slices import trainer_memory_gib
 from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
 from infra.catalog.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
-from trainer import contract, tpu_flags
+from trainer import contract
+from trainer.run import tpu_flags
 from trainer.contract import PREPARED_MARKER_FILE, PUBLISHED_DIR, TRAINER_UID
 
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
@@ -194,9 +195,9 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         publish_dir=publish_dir,
         trainer_args=_trainer_args(config, training, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}",
                                    f"{ARTIFACTS_MOUNT}/{publish_dir}"),
-        # JAX_PLATFORMS: a TPU that cannot be opened fails the run (trainer.mesh) instead of JAX
+        # JAX_PLATFORMS: a TPU that cannot be opened fails the run (trainer.run.mesh) instead of JAX
         # falling back to training on the host's CPU.
-        # LIBTPU_INIT_ARGS: XLA's flags for the generation (trainer.tpu_flags), as `fit` compiles with them.
+        # LIBTPU_INIT_ARGS: XLA's flags for the generation (trainer.run.tpu_flags), as `fit` compiles with them.
         trainer_env={"JAX_PLATFORMS": "tpu", "MEGASCALE_NUM_SLICES": str(run.slices),
                      "LIBTPU_INIT_ARGS": tpu_flags.libtpu_init_args(config.slice.accelerator)},
         max_restarts=training.max_restarts,

@@ -17,7 +17,7 @@ from infra.config.runs import RunConfig
 from infra.config.sections import Section
 from infra.errors import ConfigError
 from infra.catalog.tpu import SliceSpec
-from trainer.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
+from trainer.run.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
 
 SERVING_NAME = "vllm"  # the Deployment, its Service, PodMonitoring and Kubernetes ServiceAccount
 SERVING_POOL = "tpu-serving"  # the serving slice's node pool (Standard clusters)
@@ -43,7 +43,7 @@ _DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 @dataclass(frozen=True, kw_only=True)
 class ServedModel:
     """What vLLM sizes a Gemma 3 text model by (config.json of its export); tests tie each row to
-    trainer.models and trainer.hf.config, which this layer does not import (gemma imports TensorFlow)."""
+    trainer.model.models and trainer.hf.config, which this layer does not import (gemma imports TensorFlow)."""
 
     params: int
     layers: int

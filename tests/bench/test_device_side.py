@@ -5,7 +5,7 @@ import pytest
 from bench import device_side
 from bench.side import Side, StepCounts
 from bench.throughput import Schedule
-from trainer import models
+from trainer.model import models
 
 V5E_BYTES = int(15.7 * 2**30)  # what JAX reports as one TPU v5e chip's bytes_limit
 

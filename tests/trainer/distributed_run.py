@@ -12,7 +12,7 @@ import sys
 import jax
 
 from trainer import __main__ as cli
-from trainer import mesh
+from trainer.run import mesh
 
 
 def main(record_path: str, trainer_args: list[str]) -> int:

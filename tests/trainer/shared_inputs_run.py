@@ -14,7 +14,8 @@ import sys
 
 from jax._src import distributed  # the runtime client: a barrier that is not a device collective
 
-from trainer import loop, mesh
+from trainer import loop
+from trainer.run import mesh
 from trainer.config import parse_config
 
 START_TIMEOUT_MS = 120_000

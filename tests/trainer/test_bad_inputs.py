@@ -12,7 +12,7 @@ import pytest
 from tests.trainer.bad_inputs import CASES, OPEN_END, markdown_sections
 from trainer import contract
 from trainer.__main__ import main
-from trainer.metrics import METRICS_FILE
+from trainer.run.metrics import METRICS_FILE
 from trainer.data.prepare import META_FILE
 
 REPO = pathlib.Path(__file__).parents[2]

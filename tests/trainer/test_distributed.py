@@ -23,8 +23,10 @@ import pytest
 from gemma import gm
 
 from tests.trainer.test_train import tiny_args
-from trainer import checkpoint, contract, models
-from trainer.metrics import read_metrics
+from trainer import contract
+from trainer.model import models
+from trainer.run import checkpoint
+from trainer.run.metrics import read_metrics
 from trainer.data.tokenizer import load_tokenizer
 from workloads.__main__ import render_config, render_specs
 

@@ -8,10 +8,11 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh
 
-from trainer import hardware
+from trainer.run import hardware
 from trainer.measure import memory
 
-from trainer import mesh, models, step
+from trainer.model import models
+from trainer.run import mesh, step
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 

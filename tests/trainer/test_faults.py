@@ -24,7 +24,8 @@ import pytest
 from gemma import gm
 
 from tests.trainer.test_train import tiny_args
-from trainer import checkpoint, contract
+from trainer import contract
+from trainer.run import checkpoint
 from trainer.__main__ import main
 
 REPO = pathlib.Path(__file__).parents[2]

@@ -13,13 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import contract, loop, loss, models, sampling
+from trainer import contract, loop
+from trainer.model import loss, models, sampling
 
 from trainer.data import loader as data_lib
 from trainer.config import parse_config
 from trainer.hf.export import main as export_main
 from trainer.generate import main as generate
-from trainer.metrics import read_metrics
+from trainer.run.metrics import read_metrics
 from trainer.data.tokenizer import load_tokenizer
 
 SEQ_LEN, BATCH, EVAL_FRACTION = 64, 8, 0.1

@@ -14,7 +14,7 @@ from gemma import gm
 
 from trainer import contract, loop
 from trainer.config import parse_config
-from trainer.metrics import read_metrics
+from trainer.run.metrics import read_metrics
 from tests.trainer.test_train import tiny_args
 
 STEPS = 8

@@ -14,10 +14,11 @@ from infra.config import parse_stack_config
 from infra.config.stack_files import offline_values
 from tests.infra.observability import monitoring_filters
 from trainer.data import loader as data
-from trainer import contract, loop, models
+from trainer import contract, loop
+from trainer.model import models
 from trainer.config import parse_config
 from trainer.data.corpus import write_corpus
-from trainer.metrics import read_metrics
+from trainer.run.metrics import read_metrics
 
 # Small rows and batches: a step takes well under a second on one CPU core.
 FAST = ["--seq-len", "64", "--batch-size", "8", "--eval-fraction", "0.05", "--no-samples"]

@@ -9,7 +9,8 @@ import pytest
 from infra.catalog import tpu
 from tests.workloads import failure_events
 from tests.workloads.conftest import REPO, IMAGE, STACKS, container, edited_config, spec_of, stack_config, training_pod
-from trainer import contract, tpu_flags
+from trainer import contract
+from trainer.run import tpu_flags
 from trainer.data import prepare
 from trainer.config import parse_config
 from workloads import manifests
@@ -346,7 +347,7 @@ def test_the_root_fallback_makes_only_training_pods_root_and_keeps_capabilities_
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_trainer_mesh_shards_inside_a_slice_and_is_data_parallel_across_slices(stack):
-    from trainer.mesh import resolve_axis_sizes
+    from trainer.run.mesh import resolve_axis_sizes
 
     config = stack_config(stack)
     parsed = parse_config(container(training_pod(manifests.training(spec_of(config))), "trainer")["args"])

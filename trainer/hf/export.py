@@ -29,7 +29,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
-from trainer import checkpoint, contract, mesh, models, shared_files
+from trainer import contract, shared_files
+from trainer.model import models
+from trainer.run import checkpoint, mesh
 
 from trainer.hf import config as hf_config, publish, tokenizer as hf_tokenizer, weights as hf_weights
 from trainer.data import tokenizer as tokenizer_lib
@@ -110,7 +112,7 @@ def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dty
 
 
 def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str) -> None:
-    """A PEFT LoRA adapter directory of the adapters' tree (trainer.models.adapters_only), into the existing `directory`."""
+    """A PEFT LoRA adapter directory of the adapters' tree (trainer.model.models.adapters_only), into the existing `directory`."""
     write_safetensors(directory, adapters, hf_weights.lora_tensors(model_config.num_layers), dtype=DTYPES[dtype],
                       stem="adapter_model", max_shard_bytes=sys.maxsize)
     _write_json(directory / "adapter_config.json", {
@@ -192,7 +194,7 @@ def _latest_checkpoint_params(directory: str, abstract) -> tuple[int, dict] | No
 
 
 def run_weights(run: Run) -> tuple[dict, dict | None, str]:
-    """(trained, frozen, where from): as in trainer.step, frozen is None for a full fine-tune, else the
+    """(trained, frozen, where from): as in trainer.run.step, frozen is None for a full fine-tune, else the
     LoRA base, and trained the adapters. The latest checkpoint first, else WORKDIR/export."""
 
     trained, frozen = models.initial_params(run.config, run.model_config, _on_one_device, resuming=True)

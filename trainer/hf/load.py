@@ -158,7 +158,7 @@ class ModelDirectory:
 
     def check(self, model_name: str, model_config, expected, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
         """One line for the first way the directory does not fit `--model model_name` (and its tokenizer);
-        `expected` is the model's parameter tree as shapes (trainer.models.check_weights)."""
+        `expected` is the model's parameter tree as shapes (trainer.model.models.check_weights)."""
         ours = hf_config.architecture(hf_config.model_config_json(model_config, dtype="float32", bos_id=0, eos_id=0, pad_id=0))
         try:
             theirs = hf_config.architecture(self.text_config)
@@ -238,7 +238,7 @@ class AdapterDirectory:
             shared.setdefault(tensor.source, tensor)
 
     def load(self, model_config, expected, shardings):
-        """The adapters' tree `expected` (trainer.models.adapters_only) of float32 arrays in `shardings`."""
+        """The adapters' tree `expected` (trainer.model.models.adapters_only) of float32 arrays in `shardings`."""
         scale = self.scale
         return self.tensors.load(hf_weights.lora_tensors(model_config.num_layers), hf_weights.PEFT_PREFIX, expected,
                                  shardings, lambda name: scale if ".lora_B." in name else 1.0)

@@ -115,7 +115,7 @@ def model_tensors(config) -> list[Tensor]:
 
 
 def lora_tensors(num_layers: int) -> list[Tensor]:
-    """PEFT's adapter_model.safetensors tensors for an adapters tree (trainer.models.adapters_only)."""
+    """PEFT's adapter_model.safetensors tensors for an adapters tree (trainer.model.models.adapters_only)."""
     tensors = []
     for i in range(num_layers):
         layer, name = f"layer_{i}", f"{PEFT_PREFIX}model.layers.{i}."

@@ -2,15 +2,15 @@
 compiler says of its memory per chip and its cost, before any cloud resource exists.
 
 libtpu compiles for a topology it is only told about (`jax.experimental.topologies`); the program is
-the trainer's own step (trainer.step.build_run_step) with the arguments the loop passes, as shapes
+the trainer's own step (trainer.run.step.build_run_step) with the arguments the loop passes, as shapes
 and shardings only. Two figures need care:
 - FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. FSDP's
   large matmuls are loops over the weights' shards, whose missing FLOPs are read from the optimized
   program (trainer.measure.windowed_loops). The step's other loop is the vocabulary-chunked
-  log-sum-exp (trainer.loss): a forward map and, under jax.checkpoint, a backward map that
+  log-sum-exp (trainer.model.loss): a forward map and, under jax.checkpoint, a backward map that
   recomputes a chunk's logits and takes both gradients. The compiler's cost of one chunk's forward
   and backward bodies (compiled alone on the same mesh) times the (chunks - 1) missing iterations
-  is added (trainer.vocab_chunk.loop_cost). A Pallas kernel (splash or
+  is added (trainer.run.vocab_chunk.loop_cost). A Pallas kernel (splash or
   flash attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,
@@ -29,12 +29,13 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer import hbm, layers, mesh, models, precision, step, tpu_flags, vocab_chunk
+from trainer.model import layers, models, precision
+from trainer.run import hbm, mesh, step, tpu_flags, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer import compile_answers
+from trainer.run import compile_answers
 from trainer.measure import collectives, flops, hbm_traffic, windowed_loops
-from trainer import hardware
+from trainer.run import hardware
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
@@ -72,7 +73,7 @@ class CompiledStep:
     device_kind: str
     chips: int
     batch_size: int
-    attention: str  # dense or a kernel (trainer.layers.KERNELS), as --attention auto chose
+    attention: str  # dense or a kernel (trainer.model.layers.KERNELS), as --attention auto chose
     remat: str  # the rematerialisation policy that fits, as --remat auto chose
     vocab_chunk: int | None  # the loss head's vocabulary chunk, as --vocab-chunk auto chose (None: plain logits)
     arguments: int
@@ -80,7 +81,7 @@ class CompiledStep:
     temporaries: int
     aliased: int
     generated_code: int
-    bytes_per_chip: int  # the whole program: trainer.hbm.needed_bytes, what the step's search checks
+    bytes_per_chip: int  # the whole program: trainer.run.hbm.needed_bytes, what the step's search checks
     flops_reported: float  # the compiler's cost analysis, loop bodies counted once
     flops_loop_correction: float  # the vocabulary loop's iterations it left out (see the module docstring)
     flops_windowed_loops: float  # FSDP's windowed matmul loops' iterations it left out (trainer.measure.windowed_loops)
@@ -137,7 +138,7 @@ def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: 
 
 def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1) -> CompiledStep:
     """The step compiled for `devices` as trainer.loop compiles it (--remat and --vocab-chunk auto: as
-    trainer.step.compile_run_step settles them); raises hbm.MemoryRefusal when the compiler refuses it."""
+    trainer.run.step.compile_run_step settles them); raises hbm.MemoryRefusal when the compiler refuses it."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
     run_step = step.build_run_step(config, model_config, device_mesh, total_steps=schedule_steps(config), compute_dtype=compute_dtype)
     run_step, lowered, compiled = step.compile_run_step(

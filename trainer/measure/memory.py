@@ -28,9 +28,9 @@ import math
 import sys
 
 from trainer.measure import flops
-from trainer import hardware
+from trainer.run import hardware
 from trainer.errors import UserError
-from trainer.mesh import jax_entry_point
+from trainer.run.mesh import jax_entry_point
 
 _BF16 = 2
 _F32 = 4
@@ -133,7 +133,8 @@ def _positive_int(text: str) -> int:
 
 @jax_entry_point()
 def main(argv=None) -> int | None:
-    from trainer import config, models  # gemma's import is slow: only the CLI pays for it
+    from trainer import config
+    from trainer.model import models  # gemma's import is slow: only the CLI pays for it
 
     defaults = config.TrainConfig()
     parser = argparse.ArgumentParser(

@@ -22,9 +22,9 @@ import os
 import pathlib
 import sys
 
-from trainer import hbm
+from trainer.run import hbm
 from trainer.config import GEMMA3_MODELS
-from trainer.mesh import jax_entry_point
+from trainer.run.mesh import jax_entry_point
 from trainer.measure import memory
 
 TABLE_JSON = pathlib.Path(__file__).resolve().parents[2] / "docs" / "memory-table.json"
@@ -48,7 +48,7 @@ def entry_args(model: str, lora_rank: int, topology: str, slices: int) -> list[s
 
 def formula_gib(model: str, lora_rank: int, topology: str, slices: int) -> float:
     """trainer.measure.memory's estimate for the entry, in GiB."""
-    from trainer import models
+    from trainer.model import models
 
     chips = memory.Shape("v6e", topology).chips
     estimate = memory.estimate_bytes_per_chip(models.model_config(model, vocab_size=0), chips=chips, fsdp=chips,
@@ -102,7 +102,7 @@ def markdown(entries: list[dict]) -> str:
 
 
 def _needs(entry: dict) -> str:
-    """A refusal before compiling (trainer.hbm.arguments_refusal) counts the arguments alone."""
+    """A refusal before compiling (trainer.run.hbm.arguments_refusal) counts the arguments alone."""
     return "its state alone needs" if entry.get("refused_for") == hbm.ARGUMENTS else "needs"
 
 

@@ -5,7 +5,7 @@ import pathlib
 import sys
 
 from trainer.errors import UserError, entry_point
-from trainer.metrics import read_metrics
+from trainer.run.metrics import read_metrics
 from trainer.shared_files import replaced_atomically
 
 

@@ -7,7 +7,7 @@ import time
 import jax
 
 from trainer.measure import flops
-from trainer import hardware
+from trainer.run import hardware
 
 
 class ThroughputMeter:

@@ -97,8 +97,8 @@ def test_a_slice_whose_chips_do_not_divide_the_heads_is_refused():
 
 
 def test_the_served_model_table_is_the_trainers():
-    """SERVED_MODELS restates, without importing gemma, what trainer.models and the export's config.json say."""
-    from trainer import models
+    """SERVED_MODELS restates, without importing gemma, what trainer.model.models and the export's config.json say."""
+    from trainer.model import models
     from trainer.hf.config import model_config_json
     from trainer.measure import flops
 

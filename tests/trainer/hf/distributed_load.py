@@ -12,7 +12,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from tests.trainer.hf.test_export import rich_config
-from trainer import mesh, models
+from trainer.model import models
+from trainer.run import mesh
 from trainer.hf import load as hf_load, weights as hf_weights
 
 

@@ -19,7 +19,8 @@ import pytest
 import sentencepiece as spm
 from safetensors.numpy import load_file, save_file
 
-from trainer import contract, loop, models
+from trainer import contract, loop
+from trainer.model import models
 
 from trainer.hf import export, tokenizer as hf_tokenizer
 from trainer.data import tokenizer as tokenizer_lib

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.trainer.hf.test_export import HF_PYTHON, REPO, TOLERANCE, jax_logits, max_diff, random_params, random_tokens, rich_config
-from trainer import models
+from trainer.model import models
 from trainer.config import parse_config
 from trainer.errors import UserError
 from trainer.hf import config as hf_config, export, load as hf_load, weights as hf_weights

@@ -8,7 +8,8 @@ import types
 import jax
 import pytest
 
-from trainer import hbm, models, step
+from trainer.model import models
+from trainer.run import hbm, step
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 from trainer.measure import compiled, flops

@@ -4,10 +4,10 @@ import dataclasses
 
 import jax
 import pytest
-from trainer import models
+from trainer.model import models
 from trainer.gemma3.config import Attention, Gemma3Config
 from trainer.measure import flops
-from trainer import hardware
+from trainer.run import hardware
 
 GEMMA3_270M = models.model_config("gemma3-270m", vocab_size=0)
 

@@ -3,10 +3,11 @@
 import dataclasses
 
 import pytest
-from trainer import contract, models
+from trainer import contract
+from trainer.model import models
 
 from trainer.measure import flops, memory
-from trainer import hardware
+from trainer.run import hardware
 
 V6E_HBM = hardware.hbm_bytes(hardware.DEVICE_KIND_OF_ACCELERATOR["v6e"])
 GEMMA3_1B = models.model_config("gemma3-1b", vocab_size=0)

@@ -8,7 +8,8 @@ import pathlib
 import jax
 import pytest
 
-from trainer import models, step
+from trainer.model import models
+from trainer.run import step
 from trainer.config import parse_config
 from trainer.measure import compiled, memory_table
 

@@ -7,7 +7,7 @@ import pytest
 
 from trainer import contract
 from trainer.errors import UserError
-from trainer.metrics import METRICS_FILE, MetricsReporter, read_metrics
+from trainer.run.metrics import METRICS_FILE, MetricsReporter, read_metrics
 from trainer.measure.plot import main, plot_loss, series
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Each TPU generation's XLA flags (trainer.tpu_flags) are ones the installed libtpu compiles a sharded
+"""Each TPU generation's XLA flags (trainer.run.tpu_flags) are ones the installed libtpu compiles a sharded
 training step with: libtpu refuses an unknown flag, and refuses continuation fusion outside v5e."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainer import tpu_flags
+from trainer.run import tpu_flags
 
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
 
@@ -16,7 +16,7 @@ _COMPILE = """
 import os, sys
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
-from trainer import mesh
+from trainer.run import mesh
 from trainer.measure import compiled
 device_mesh = mesh.build_mesh({"data": 1, "fsdp": 8}, devices=compiled.tpu_devices(sys.argv[1], "2x4"))
 weight = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=NamedSharding(device_mesh, PartitionSpec("fsdp")))

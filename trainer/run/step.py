@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer import layers as layers_lib
-from trainer import hbm, loss, mesh, models, vocab_chunk
-from trainer import compile_answers
+from trainer.model import layers as layers_lib
+from trainer.model import loss, models
+from trainer.run import hbm, mesh, vocab_chunk
+from trainer.run import compile_answers
 
 State = dict[str, Any]
 
@@ -172,7 +173,7 @@ class RunStep:
     functions: StepFunctions
 
     def shard(self, tree):
-        """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.mesh)."""
+        """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.run.mesh)."""
         return mesh.state_shardings(self.device_mesh, tree)
 
     def choosing(self, *, remat: str, vocab_chunk: int | None) -> RunStep:
@@ -185,7 +186,7 @@ class RunStep:
 
 def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype) -> RunStep:
     """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule. The step has
-    the first policy of --remat and the --vocab-chunk that needs no compiler (trainer.vocab_chunk.fixed);
+    the first policy of --remat and the --vocab-chunk that needs no compiler (trainer.run.vocab_chunk.fixed);
     compile_run_step settles both."""
     optimizer_settings = optimizer_config(config, total_steps=total_steps)
     optimizer = build_optimizer(optimizer_settings)
@@ -212,7 +213,7 @@ def remat_candidates(requested: str) -> tuple[str, ...]:
 
 def chunk_candidates(run_step: RunStep, config, model_config) -> tuple[vocab_chunk.HeadCost | None, ...]:
     """--vocab-chunk's candidates, best first: on TPU with auto, ranked by the compiler
-    (trainer.vocab_chunk); otherwise the one chunk build_run_step took, as None (no figures)."""
+    (trainer.run.vocab_chunk); otherwise the one chunk build_run_step took, as None (no figures)."""
     platform = run_step.device_mesh.devices.flat[0].platform
     if config.vocab_chunk != "auto" or platform != "tpu" or len(vocab_chunk.candidates(model_config.num_embed)) == 1:
         return (None,)
@@ -230,7 +231,7 @@ def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.He
 def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Callable):
     """(run_step, lowered, compiled train step): the first rematerialisation policy of --remat whose step
     the compiler fits in memory, with the fastest vocabulary chunk that fits beside it. On TPU a program
-    fits when the whole of it does (trainer.hbm), not only its temporaries. A candidate whose head cannot
+    fits when the whole of it does (trainer.run.hbm), not only its temporaries. A candidate whose head cannot
     free the bytes the last refusal was short of is not compiled. `train_args(run_step)` gives the train
     step's arguments (arrays or shapes); the last refusal is raised (hbm.MemoryRefusal), at once when
     the arguments alone cannot fit."""
@@ -289,7 +290,7 @@ def abstract_train_args(run_step: RunStep, config, model_config):
 
 
 def abstract_batch(run_step: RunStep, config) -> dict:
-    """The global batch the train step takes, split over every device (trainer.mesh.global_batch)."""
+    """The global batch the train step takes, split over every device (trainer.run.mesh.global_batch)."""
     sharding = mesh.batch_sharding(run_step.device_mesh)
     return {key: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), dtype, sharding=sharding)
             for key, dtype in BATCH_KEYS.items()}

@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from trainer import layers as layers_lib
+from trainer.model import layers as layers_lib
 
 # Logits of more elements than this ([tokens, vocab]) are computed in vocabulary chunks instead.
 # 2**26 float32 = 256 MiB per device; Gemma's 262,144 vocabulary passes it from 256 tokens on.
@@ -59,7 +59,7 @@ def _chunk_logits(hidden, chunk, chunk_valid, softcap: float | None) -> jax.Arra
 
 def chunk_logsumexp(hidden, chunk, chunk_valid, softcap: float | None) -> jax.Array:
     """log-sum-exp over one vocabulary chunk [chunk, D] of the logits of `hidden` [tokens, D]: the body
-    of the forward chunk loop (trainer.vocab_chunk counts its cost once per iteration)."""
+    of the forward chunk loop (trainer.run.vocab_chunk counts its cost once per iteration)."""
     return jax.nn.logsumexp(_chunk_logits(hidden, chunk, chunk_valid, softcap), axis=-1)
 
 

@@ -1,4 +1,4 @@
-"""`trainer.params_io` against the gemma package it stands in for: each reads what the other writes,
+"""`trainer.model.params_io` against the gemma package it stands in for: each reads what the other writes,
 an official-layout checkpoint (FLAT, with a vision encoder) loads to the tree gemma's text_only load
 gives, and the constants copied from gemma still match it. The trainer image lacks gemma; this dev
 environment keeps it only to prove this."""
@@ -13,7 +13,7 @@ import pytest
 from gemma import gm
 from gemma.gm.ckpts import _checkpoint as gemma_checkpoint
 
-from trainer import params_io
+from trainer.model import params_io
 
 
 def _tiny_params():

@@ -2,7 +2,7 @@
 
 The trainer image does not install the `gemma` package: it pulls in kauldron and TensorFlow (about
 1.5 GB) for what is here a few dozen lines. This module reads and writes the checkpoints that
-`gemma.gm.ckpts` (4.0.1) does, both ways (tests/trainer/test_params_io.py checks it against gemma):
+`gemma.gm.ckpts` (4.0.1) does, both ways (tests/trainer/model/test_params_io.py checks it against gemma):
 
 - NESTED: the Flax `model.init()["params"]` tree as is; what `gm.ckpts.save_params` and
   `save_params` here write.

@@ -1,6 +1,6 @@
 """Gemma 3 models (trainer.gemma3), a tiny one for CPU, their weights, and LoRA.
 
-Parameters are float32 masters (the optimizer updates these); `trainer.loss` casts them to the
+Parameters are float32 masters (the optimizer updates these); `trainer.model.loss` casts them to the
 compute dtype for the forward pass: AdamW's small updates would vanish when added to bfloat16 weights.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from trainer import params_io
+from trainer.model import params_io
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
 from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
@@ -86,7 +86,7 @@ def adapters_only(params: Params) -> Params:
 
 
 def load_weights(path: str, *, flag: str, expected, out_shardings: Callable | None) -> Params:
-    """A Gemma parameter checkpoint (trainer.params_io) as float32 masters, sharded by `out_shardings(tree)`.
+    """A Gemma parameter checkpoint (trainer.model.params_io) as float32 masters, sharded by `out_shardings(tree)`.
 
     `expected` (ShapeDtypeStructs of the model's params) catches a checkpoint of another model or
     vocabulary before training starts.

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from trainer import contract
 from trainer.errors import UserError
-from trainer.metrics import METRICS_FILE, MetricsReporter, read_metrics
+from trainer.run.metrics import METRICS_FILE, MetricsReporter, read_metrics
 
 TRAIN_METRICS = {
     "loss": 2.5,

@@ -3,7 +3,7 @@ mask on TPU and GPU, and rematerialised blocks (trainer.gemma3.model reads these
 
 The attention of packed rows runs through a Pallas kernel that takes the rows' segment ids and Gemma
 3's causal sliding window, so that no [L, L] tensor exists: on TPU Pallas' splash attention kernel
-(block-sparse masks), on NVIDIA GPUs our FlashAttention-2 kernels (trainer.flash_attention). The
+(block-sparse masks), on NVIDIA GPUs our FlashAttention-2 kernels (trainer.model.flash_attention). The
 dense path (CPU, and lengths the kernel's blocks do not divide) builds the mask. Preconditions of the
 kernels, held by the packed loader: positions restart at 0 in each document, and a row's length is a
 multiple of the kernel's block (KERNELS).
@@ -24,10 +24,10 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-from trainer import flash_attention
+from trainer.model import flash_attention
 from trainer.errors import UserError
 
-# Least recomputation first: --remat auto tries them in this order (trainer.step).
+# Least recomputation first: --remat auto tries them in this order (trainer.run.step).
 REMAT_POLICIES = {
     "none": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,

@@ -3,7 +3,7 @@
 import pytest
 
 from infra.catalog import tpu
-from trainer import hardware
+from trainer.run import hardware
 
 GIB = 2**30
 

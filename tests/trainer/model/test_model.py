@@ -8,7 +8,7 @@ import pytest
 
 from trainer.data import loader as data
 
-from trainer import loss, models
+from trainer.model import loss, models
 from trainer.errors import UserError
 from trainer.gemma3.model import FeedForward
 

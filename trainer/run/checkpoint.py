@@ -20,9 +20,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from trainer import params_io, shared_files
+from trainer import shared_files
+from trainer.model import params_io
 from trainer.errors import UserError
-from trainer.params_io import absolute_path
+from trainer.model.params_io import absolute_path
 
 # What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
 # mismatch or damaged tensor data (ValueError), a missing item (KeyError), a missing file (OSError).

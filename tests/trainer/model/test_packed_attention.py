@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer import flash_attention, layers, loss, models
+from trainer.model import flash_attention, layers, loss, models
 from trainer.errors import UserError
 from trainer.gemma3.model import dense_attention
 
@@ -170,7 +170,8 @@ def test_rematerialised_blocks_give_the_same_loss_and_gradients(model_config, re
 
 
 def test_the_options_table_names_the_policies_there_are():
-    from trainer import config, step
+    from trainer import config
+    from trainer.run import step
 
     assert (*step.remat_candidates("auto"),) == tuple(layers.REMAT_POLICIES) == config.REMATS[1:] == ("none", "dots", "full")
     assert config.ATTENTIONS == ("auto", "dense", *layers.KERNELS) == ("auto", "dense", "splash", "flash")
@@ -195,7 +196,7 @@ def test_a_run_with_the_flash_kernel_trains_as_the_dense_mask_does(tmp_path, pre
     the kernel, and the first steps' losses are the dense run's."""
     from trainer import loop
     from trainer.config import parse_config
-    from trainer.metrics import read_metrics
+    from trainer.run.metrics import read_metrics
 
     def run(attention):
         workdir = tmp_path / attention

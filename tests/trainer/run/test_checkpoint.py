@@ -1,4 +1,4 @@
-"""`trainer.checkpoint.Checkpointer` on a small state: a read that fails for a passing reason is
+"""`trainer.run.checkpoint.Checkpointer` on a small state: a read that fails for a passing reason is
 tried again before anything moves; one that keeps failing is moved aside, never deleted. The final
 export replaces an earlier one only when it is whole."""
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from gemma import gm
 
-from trainer import checkpoint, params_io
+from trainer.model import params_io
+from trainer.run import checkpoint
 from trainer.data import loader as data_lib
 from trainer.errors import UserError
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from trainer.errors import UserError
-from trainer import compile_answers
+from trainer.run import compile_answers
 
 _GIB = 2**30
 

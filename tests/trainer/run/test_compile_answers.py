@@ -7,9 +7,10 @@ import io
 import jax
 import pytest
 
-from trainer import hbm, models
+from trainer.model import models
+from trainer.run import hbm
 from trainer.config import TrainConfig
-from trainer import compile_answers
+from trainer.run import compile_answers
     from trainer.measure import compiled
 
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from trainer import mesh, models, step
+from trainer.model import models
+from trainer.run import mesh, step
 from trainer.errors import UserError
 
 

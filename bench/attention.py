@@ -27,6 +27,7 @@ import numpy as np
 from bench.stats import mib
 from trainer.model import layers, models
 from trainer.run import hbm
+from trainer.run.mesh import jax_entry_point
 from trainer.config import GEMMA3_MODELS, TINY
 from trainer.gemma3.config import Attention
 from trainer.gemma3.model import dense_attention
@@ -96,6 +97,7 @@ def run(model_config, *, kernel: str, interpret: bool, seq_len: int, batch_size:
     return rows
 
 
+@jax_entry_point("bench.attention: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(GEMMA3_MODELS), default="gemma3-1b")

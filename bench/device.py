@@ -53,6 +53,10 @@ MIN_SIDE_S = 45  # a side that cannot have this long before the limit is not sta
 EARLY_FAILURE_S, RETRY_PAUSE_S = 30, 5
 
 
+def case_name(case: Case) -> str:
+    return f"{case.model}@{case.seq_len}"
+
+
 def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, accelerator: bool) -> dict:
     """One side of `case` in its own process; its figures, or why there are none."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,6 +118,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, with the tiny model and one small case")
     parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help=f"seconds for the whole run (default {TIME_LIMIT_S})")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="where the generated inputs are cached")
+    parser.add_argument("--case", dest="cases", action="append", choices=[case_name(case) for case in CASES],
+                        help="run only this case (repeatable; default all): one invocation's time limit rarely holds them all")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
@@ -121,7 +127,8 @@ def main(argv=None) -> int:
     inputs = inputs_lib.build_inputs(args.workdir)
     print(f"  {inputs_lib.length_distribution(inputs, 1024)}", flush=True)
     cases = []
-    for case in DRY_RUN_CASES if args.dry_run else CASES:
+    chosen = DRY_RUN_CASES if args.dry_run else [case for case in CASES if not args.cases or case_name(case) in args.cases]
+    for case in chosen:
         results = {}
         for side in SIDES:
             left = args.time_limit - (time.perf_counter() - start)

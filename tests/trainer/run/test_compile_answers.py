@@ -11,7 +11,7 @@ from trainer.model import models
 from trainer.run import hbm
 from trainer.config import TrainConfig
 from trainer.run import compile_answers
-    from trainer.measure import compiled
+from trainer.measure import compiled
 
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
 

@@ -136,7 +136,7 @@ CASES = (
     BadRun(section=FLAGS, case="batch larger than the documents", args=("--batch-size", "1000"),
            error="--batch-size 1000: 400 training documents cannot fill 1000 batch rows; lower the batch size or add documents"),
     BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000", "--compute-dtype", "float32"),
-           error="out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating 8352164707524 bytes.); lower "
+           error="out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating 8352166280388 bytes.); lower "
            "--batch-size or --seq-len, train adapters only with --lora-rank, or shard the state over more devices "
            "with --mesh fsdp=N"),
     # The YAML file

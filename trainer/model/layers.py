@@ -55,8 +55,10 @@ def gathered(options: LayerOptions, weight):
     zeroed [tokens, hidden] buffer (and the cost analysis counts the loop's body once). Gathered first
     (16 MB a feed-forward matrix at gemma3-1b), it is one matmul, which XLA fuses with the gated
     activation: at gemma3-1b, seq 8192, v6e 2x4, FSDP 8, remat dots, a layer's feed-forward moves 4.4 GB
-    per chip and step instead of 12.5 GB (the loops' iterations counted). The backward pass
-    reduce-scatters the weight's gradient, as it did."""
+    per chip and step instead of 12.5 GB (the loops' iterations counted), and the whole step (26 layers,
+    global batch 16) 310 GB instead of 478 (which left the loops' iterations out), a roofline MFU bound
+    of 60% instead of 38.7%, 23.3 GiB a chip instead of 26.8. The backward pass reduce-scatters the
+    weight's gradient, as it did."""
     if options.mesh is None:
         return weight
     return jax.lax.with_sharding_constraint(weight, NamedSharding(options.mesh, PartitionSpec()))

@@ -81,12 +81,13 @@ def compile_entry(model: str, lora_rank: int, topology: str, slices: int) -> dic
             "compiled_gib": round(report["compiled_bytes_per_chip"] / _GIB, 2), "refused_for": report.get("refused_for"),
             "usable_gib": round(report["usable_hbm_bytes_per_chip"] / _GIB, 2), "fits": report["fits"],
             "remat": report.get("remat"), "attention": report.get("attention"), "vocab_chunk": report.get("vocab_chunk"),
+            "mfu_bound": report.get("mfu_bound"), "bound_by": report.get("bound_by"),
             "step_fingerprint": report.get("step_fingerprint"), "formula_gib": formula_gib(model, lora_rank, topology, slices)}
 
 
 def markdown(entries: list[dict]) -> str:
-    rows = ["| model | mode | slice | batch/chip | compiled GiB/chip | formula GiB | fits (compiler) | remat | vocab chunk |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | mode | slice | batch/chip | compiled GiB/chip | formula GiB | fits (compiler) | remat | vocab chunk | MFU bound |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         chips = memory.Shape("v6e", e["topology"]).chips
         mode = f"LoRA r={e['lora_rank']}" if e["lora_rank"] else "full"
@@ -94,7 +95,7 @@ def markdown(entries: list[dict]) -> str:
         fits = "yes" if e["fits"] else f"no ({_needs(e)} {e['compiled_gib']:.1f} of {e['usable_gib']:.2f})"
         mark = "" if is_current(e, entries) else f" {OLDER_STEP_MARK}"
         rows.append(f"| {e['model']} | {mode} | {shape} | {GLOBAL_BATCH // (chips * e['slices'])} | {e['compiled_gib']:.2f}{mark} | "
-                    f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} | {_chunk(e)} |")
+                    f"{e['formula_gib']:.1f} | {fits} | {e['remat'] or '-'} | {_chunk(e)} | {_mfu_bound(e)} |")
     if not all(is_current(e, entries) for e in entries):
         rows += ["", f"{OLDER_STEP_MARK} compiled from an older train step than the other rows, not compiled again since "
                      "(`python -m trainer.measure.memory_table --models MODEL --shapes TOPOLOGY/SLICES`)."]
@@ -104,6 +105,15 @@ def markdown(entries: list[dict]) -> str:
 def _needs(entry: dict) -> str:
     """A refusal before compiling (trainer.run.hbm.arguments_refusal) counts the arguments alone."""
     return "its state alone needs" if entry.get("refused_for") == hbm.ARGUMENTS else "needs"
+
+
+def _mfu_bound(entry: dict) -> str:
+    """The compiler's roofline ceiling on MFU (trainer.measure.compiled); rows compiled before it was kept have none."""
+    if not entry["fits"]:
+        return "-"
+    if entry.get("mfu_bound") is None:
+        return "n/a"
+    return f"{entry['mfu_bound']:.0%} ({entry['bound_by']})"
 
 
 def _chunk(entry: dict) -> str:

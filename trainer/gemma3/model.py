@@ -69,7 +69,7 @@ class _Adapter(_LoRA):
 
 def _project(module: nn.Module, weight_name: str, adapter_name: str, shape: tuple[int, ...], equation: str, x):
     """x times `module`'s weight `weight_name` (plus its LoRA adapter), inside `module`'s compact call."""
-    weight = module.param(weight_name, nn.initializers.normal(), shape, module.dtype)
+    weight = layers.gathered(module.options, module.param(weight_name, nn.initializers.normal(), shape, module.dtype))
     out = jnp.einsum(equation, x, weight)
     if module.lora_rank:
         out = out + _Adapter(module.lora_rank, equation, shape, module.dtype, name=adapter_name)(x)
@@ -82,6 +82,7 @@ class Einsum(nn.Module):
     shape: tuple[int, ...]
     dtype: Any
     lora_rank: int = 0
+    options: layers.LayerOptions = layers.LayerOptions()
 
     @nn.compact
     def __call__(self, equation: str, x):
@@ -156,8 +157,9 @@ class SelfAttention(_Module):
     @nn.compact
     def __call__(self, x, positions, segment_ids):
         c, dtype, rank = self.config, self.dtype, self.lora_rank
-        query = Einsum((c.num_heads, c.embed_dim, c.head_dim), dtype, rank, name="q_einsum")("BTD,NDH->BTNH", x)
-        key, value = Einsum((2, c.num_kv_heads, c.embed_dim, c.head_dim), dtype, rank, name="kv_einsum")("BSD,CKDH->CBSKH", x)
+        query = Einsum((c.num_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="q_einsum")("BTD,NDH->BTNH", x)
+        key, value = Einsum((2, c.num_kv_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="kv_einsum")(
+            "BSD,CKDH->CBSKH", x)
         query, key = RMSNorm(dtype, name="_query_norm")(query), RMSNorm(dtype, name="_key_norm")(key)
         base_frequency, scale_factor = c.rope(self.kind)
         query = rope(query, positions, base_frequency=base_frequency, scale_factor=scale_factor) * c.query_pre_attn_scalar**-0.5
@@ -167,7 +169,8 @@ class SelfAttention(_Module):
             encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window)
         else:
             encoded = dense_attention(query, key, value, positions, segment_ids, window=window)
-        return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, name="attn_vec_einsum")("BTNH,NHD->BTD", encoded)
+        return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, self.options, name="attn_vec_einsum")(
+            "BTNH,NHD->BTD", encoded)
 
 
 class FeedForward(_Module):
@@ -177,11 +180,13 @@ class FeedForward(_Module):
     one matmul with the pair axis inside writes a [tokens, 2, hidden] tensor that XLA copies to
     another layout before the halves are read (9% of the step's bytes at gemma3-1b, seq 8192)."""
 
+    options: layers.LayerOptions = layers.LayerOptions()
+
     @nn.compact
     def __call__(self, x):
         c = self.config
         shape = (2, c.hidden_dim, c.embed_dim)
-        weight = self.param("gating_einsum", nn.initializers.normal(), shape, self.dtype)
+        weight = layers.gathered(self.options, self.param("gating_einsum", nn.initializers.normal(), shape, self.dtype))
         gate, up = (jnp.einsum("...F,HF->...H", x, weight[part]) for part in (0, 1))
         if self.lora_rank:
             adapted = _Adapter(self.lora_rank, "...F,NHF->...NH", shape, self.dtype, name="_LoRAEinsum_gating_einsum")(x)
@@ -200,7 +205,7 @@ class Block(_Module):
         attended = SelfAttention(**common, kind=self.kind, options=self.options, name="attn")(
             RMSNorm(self.dtype, name="pre_attention_norm")(x), positions, segment_ids)
         x = x + RMSNorm(self.dtype, name="post_attention_norm")(attended)
-        fed = FeedForward(**common, name="mlp")(RMSNorm(self.dtype, name="pre_ffw_norm")(x))
+        fed = FeedForward(**common, options=self.options, name="mlp")(RMSNorm(self.dtype, name="pre_ffw_norm")(x))
         return x + RMSNorm(self.dtype, name="post_ffw_norm")(fed)
 
 

@@ -8,9 +8,10 @@ import pytest
 
 from trainer.data import loader as data
 
-from trainer.model import loss, models
+from trainer.model import layers, loss, models
+from trainer.run import mesh
 from trainer.errors import UserError
-from trainer.gemma3.model import FeedForward
+from trainer.gemma3.model import FeedForward, Transformer
 
 SEQ_LEN = 64
 
@@ -127,6 +128,28 @@ def test_feed_forward_computes_the_fused_gate_and_up_projection_in_bfloat16(lora
     split = module.apply({"params": params}, x)
     assert split.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(split, np.float32), np.asarray(fused, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_projections_gathered_over_the_mesh_compute_what_they_did(lora_rank):
+    """With the run's mesh in the layer options, every projection weight is constrained whole on each
+    device before its matmul (layers.gathered, which keeps TPU's SPMD partitioner from windowed
+    matmul loops): a placement only, so the loss and every gradient are those without it, bit for bit."""
+    config = models.model_config("tiny", vocab_size=512)
+    model = Transformer(config, jnp.bfloat16, lora_rank=lora_rank)
+    tokens = jax.random.randint(jax.random.key(0), (2, SEQ_LEN), 0, 512)
+    params = jax.tree.map(lambda p: p + jnp.asarray(0.05, p.dtype), model.init(jax.random.key(1), tokens)["params"])
+    device_mesh = mesh.build_mesh({"data": 1, "fsdp": 1}, devices=jax.devices()[:1])
+    results = []
+    for options in (layers.LayerOptions(remat="dots"), layers.LayerOptions(remat="dots", mesh=device_mesh, batch_axes=mesh.BATCH_AXES)):
+        step = jax.jit(jax.value_and_grad(
+            lambda p: jnp.mean(jnp.square(model.apply({"params": p}, tokens, options=options).astype(jnp.float32)))))
+        results.append(step(params))
+        assert "sharding_constraint" in str(jax.make_jaxpr(step)(params)) or options.mesh is None
+    (plain, plain_grads), (gathered, gathered_grads) = results
+    assert float(gathered) == float(plain)
+    for got, want in zip(jax.tree.leaves(gathered_grads), jax.tree.leaves(plain_grads)):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
 def test_large_logits_are_chunked_and_small_ones_are_not():

@@ -100,7 +100,7 @@ def print_table(cases: list[dict]) -> None:
         for side in SIDES:
             r = case["sides"].get(side, {})
             if "step_s" not in r:
-                print(f"| {case['model']} | {case['seq_len']} | {side} | {r.get('skipped') or r.get('failed')} |||||||||")
+                print(f"| {case['model']} | {case['seq_len']} | {side} | {r.get('skipped') or r.get('failed') or r.get('does_not_fit')} |||||||||")
                 continue
             bound = "n/a" if r["bound_s"] is None else f"{r['bound_s'] * 1e3:.0f} ms ({r['bound_by']})"
             over = "n/a" if r["measured_over_bound"] is None else f"{r['measured_over_bound']:.2f}x"

@@ -75,8 +75,17 @@ def out_of_memory(error: Exception) -> bool:
     return isinstance(error, hbm.MemoryRefusal) or "RESOURCE_EXHAUSTED" in str(error)
 
 
+class DoesNotFit(Exception):
+    """Even one row a step is refused for memory: the side cannot train this case on this device."""
+
+    def __init__(self, refused: list[int], reason: str):
+        super().__init__(f"batch 1 does not fit ({reason}); refused: {refused}")
+        self.refused = refused
+
+
 def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, lora_rank: int, schedule: Schedule, log):
-    """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit."""
+    """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit;
+    DoesNotFit when batch 1 does not either."""
     refused = []
     while True:
         side = None
@@ -84,14 +93,17 @@ def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, lora_ra
             side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, lora_rank=lora_rank)
             return side, measure([side], schedule, log=log)[side.name], refused
         except Exception as error:  # the compiler's refusal, or the device's at run time
-            if not out_of_memory(error) or batch == 1:
+            if not out_of_memory(error):
                 raise
-            log(f"  {name}: batch {batch} does not fit ({str(error).splitlines()[0][:160]}); halving")
+            reason = str(error).splitlines()[0][:160]
             refused.append(batch)
             if side is not None:
                 side.close()
             del side
             gc.collect()
+            if batch == 1:
+                raise DoesNotFit(refused, reason) from error
+            log(f"  {name}: batch {batch} does not fit ({reason}); halving")
             batch //= 2
 
 
@@ -121,12 +133,18 @@ def run(args) -> dict:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     batch = first_batch(args.side, model_config, seq_len=args.seq_len, lora_rank=lora_rank, bytes_limit=bytes_limit,
                         cap=args.batch)
-    side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=batch,
-                                    lora_rank=lora_rank, schedule=schedule, log=log)
+    try:
+        side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=batch,
+                                        lora_rank=lora_rank, schedule=schedule, log=log)
+    except DoesNotFit as refusal:
+        log(f"  {args.side}: {refusal}")
+        return {"side": args.side, "model": args.model, "seq_len": args.seq_len, "batches_refused": refusal.refused,
+                "does_not_fit": str(refusal), "device_kind": device.device_kind, "device_bytes_limit": bytes_limit}
     step_s = statistics.median(repeats.step_times)
     flops_per_token = flops.training_flops_per_token(model_config, args.seq_len, lora_rank=lora_rank)
     positions_per_step = side.batch_size * args.seq_len
     chip = hardware.CHIPS.get(device.device_kind)
+    peak = chip.peak_bf16_flops if chip else None
     costs = side.cost_analysis()
     bound = roofline(costs, flops_per_token * positions_per_step / jax.device_count(), chip)
     analysis = side.memory_analysis()
@@ -138,8 +156,9 @@ def run(args) -> dict:
         "repeats": len(repeats.step_times), "steps_per_repeat": schedule.steps_per_repeat,
         "useful_tokens_per_s": repeats.useful_tokens_per_sec, "positions_per_s": repeats.positions_per_sec,
         "padding": repeats.padding_fraction,
-        "mfu": flops.model_flops_utilization(repeats.positions_per_sec / jax.device_count(), flops_per_token,
-                                             chip.peak_bf16_flops if chip else None),
+        # MFU of the useful tokens (what a user's data gets), and of every position computed, padding included
+        "mfu": flops.model_flops_utilization(repeats.useful_tokens_per_sec / jax.device_count(), flops_per_token, peak),
+        "mfu_all_positions": flops.model_flops_utilization(repeats.positions_per_sec / jax.device_count(), flops_per_token, peak),
         "model_flops_per_step": flops_per_token * positions_per_step,
         "compiler_flops_per_step": costs.get("flops"), "compiler_bytes_per_step": costs.get("bytes accessed"),
         **bound, "measured_over_bound": step_s / bound["bound_s"] if bound["bound_s"] else None,

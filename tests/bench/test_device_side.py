@@ -59,3 +59,11 @@ def test_the_first_batch_shrinks_with_the_sequence_and_never_passes_the_cap(side
     assert 1 <= first(4096) < first(1024) <= 64
     assert first(1024, cap=2) <= 2
     assert device_side.first_batch(side, config, seq_len=1024, lora_rank=0, bytes_limit=None, cap=32) == 32
+
+
+def test_a_side_refused_even_at_batch_one_says_it_does_not_fit(monkeypatch):
+    """The tutorial's method cannot train gemma3-1b at 4096 on one v5e chip: a figure, not a crash."""
+    monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: SideThatFitsUpTo(batch, fits=0))
+    with pytest.raises(device_side.DoesNotFit, match="batch 1 does not fit .*RESOURCE_EXHAUSTED") as refusal:
+        device_side.fitted("baseline", None, None, seq_len=8, batch=4, lora_rank=0, schedule=Schedule(0, 1, 1), log=lambda line: None)
+    assert refusal.value.refused == [4, 2, 1]

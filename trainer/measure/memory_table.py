@@ -147,6 +147,9 @@ def main(argv=None) -> int | None:
     parser.add_argument("--models", nargs="+", default=["gemma3-270m", "gemma3-1b"], help="models to compile")
     parser.add_argument("--shapes", nargs="+", choices=[f"{topology}/{slices}" for topology, slices in SHAPES],
                         default=[f"{topology}/{slices}" for topology, slices in SHAPES], help="TOPOLOGY/SLICES to compile")
+    parser.add_argument("--lora-ranks", nargs="+", type=int, choices=(0, LORA_RANK), default=[0, LORA_RANK],
+                        help=f"0 (full fine-tune) and/or {LORA_RANK} (LoRA); a model whose full fine-tune cannot fit a shape "
+                             "saves that compile")
     parser.add_argument("--out", type=pathlib.Path, default=TABLE_JSON, help=f"the JSON to write (default {TABLE_JSON})")
     parser.add_argument("--print", dest="print_only", action="store_true", help="print the table of --out without compiling")
     args = parser.parse_args(argv)
@@ -158,7 +161,7 @@ def main(argv=None) -> int | None:
         entries = merged(entries, [reference | {"step": step_now}])
         write_entries(entries, args.out)
         for model in args.models:
-            for rank in (0, LORA_RANK):
+            for rank in args.lora_ranks:
                 for shape in args.shapes:
                     topology, slices = shape.split("/")
                     if (model, rank, topology, int(slices)) == REFERENCE:

@@ -1,5 +1,10 @@
 """The model and the loss: packing, padding, vocabulary chunks, LoRA, weights and vocabulary checks."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -200,3 +205,38 @@ def test_gemma3_270m_builds_with_its_published_parameter_count():
     config = models.model_config("gemma3-270m", vocab_size=262_144)
     shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
     assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes)) == 268_098_176  # Gemma 3 270M's parameter count
+
+
+GATHERED_OVER_TWO_DEVICES = '''
+import jax, jax.numpy as jnp, numpy as np
+from trainer.model import layers, models
+from trainer.run import mesh
+from trainer.gemma3.model import Transformer
+
+for lora_rank in (0, 4):
+    model = Transformer(models.model_config("tiny", vocab_size=512), jnp.bfloat16, lora_rank=lora_rank)
+    tokens = jax.random.randint(jax.random.key(0), (2, 64), 0, 512)
+    params = jax.tree.map(lambda p: p + jnp.asarray(0.05, p.dtype), model.init(jax.random.key(1), tokens)["params"])
+    device_mesh = mesh.build_mesh({"data": 1, "fsdp": 2}, devices=jax.devices()[:2])
+    results = []
+    for options in (layers.LayerOptions(remat="full"), layers.LayerOptions(remat="full", mesh=device_mesh, batch_axes=mesh.BATCH_AXES)):
+        step = jax.jit(jax.value_and_grad(
+            lambda p: jnp.mean(jnp.square(model.apply({"params": p}, tokens, options=options).astype(jnp.float32)))))
+        results.append(step(params))
+        assert ("all_gather" in str(jax.make_jaxpr(step)(params))) == (options.mesh is not None)
+    (plain, plain_grads), (gathered, gathered_grads) = results
+    np.testing.assert_allclose(float(gathered), float(plain), rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(gathered_grads), jax.tree.leaves(plain_grads)):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-3)
+print("equal")
+'''
+
+
+def test_weights_split_over_fsdp_are_gathered_explicitly_and_compute_what_they_did():
+    """Over two devices (FSDP 2) the split weights are gathered by an explicit all_gather (layers.gathered),
+    whose transpose reduce-scatters their gradients: loss and gradients are those without the mesh, within
+    bfloat16's summation order. In its own process: the host's CPU is split into two devices."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[3]))
+    done = subprocess.run([sys.executable, "-c", GATHERED_OVER_TWO_DEVICES], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("equal"), done.stderr[-3000:]

@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer.model import flash_attention
 from trainer.errors import UserError
+from trainer.run import mesh as mesh_lib
 
 # Least recomputation first: --remat auto tries them in this order (trainer.run.step).
 REMAT_POLICIES = {
@@ -67,13 +68,12 @@ def gathered(options: LayerOptions, weight):
     too small to split (trainer.run.mesh.fsdp_spec) keeps the constraint, its placement only."""
     if options.mesh is None:
         return weight
-    from trainer.run import mesh as mesh_lib
-
     spec = mesh_lib.fsdp_spec(tuple(weight.shape), options.mesh.shape["fsdp"])
     if "fsdp" not in spec:  # not split: only its placement to state
         return jax.lax.with_sharding_constraint(weight, NamedSharding(options.mesh, PartitionSpec()))
     axis = list(spec).index("fsdp")
     gather = functools.partial(jax.lax.all_gather, axis_name="fsdp", axis=axis, tiled=True)
+    # check_vma off: shard_map cannot infer that all_gather's result is the same on every device
     return jax.shard_map(gather, mesh=options.mesh, in_specs=spec, out_specs=PartitionSpec(), check_vma=False)(weight)
 
 

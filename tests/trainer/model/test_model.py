@@ -151,9 +151,9 @@ def assert_gathered_computes_what_plain_did(lora_rank: int, fsdp: int, *, gather
         assert (gather in str(jax.make_jaxpr(step)(params))) == (options.mesh is not None)
     (plain, plain_grads), (gathered, gathered_grads) = results
     tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-2, "atol": 1e-3}  # else bfloat16's summation order
-    np.testing.assert_allclose(float(gathered), float(plain), **tolerance)
+    np.testing.assert_allclose(float(gathered), float(plain), equal_nan=False, **tolerance)
     for got, want in zip(jax.tree.leaves(gathered_grads), jax.tree.leaves(plain_grads)):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), **tolerance)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), equal_nan=False, **tolerance)
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])

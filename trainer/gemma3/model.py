@@ -53,7 +53,8 @@ class _LoRA(nn.Module):
 
 
 class _Factors(_LoRA):
-    """A and B gathered whole before their matmuls, as the weights are (layers.gathered): left split
+    """A and B gathered whole before their matmuls, as the weights are, by a sharding constraint
+    (layers.gathered's `by_constraint`: gathered explicitly they cost more): left split
     over FSDP, B's gradient is a windowed reduce-scatter loop whose body carries the whole [tokens, 2,
     hidden] cotangent of the feed-forward's adapter, and XLA keeps one such buffer a layer alive at
     once: 11 of the 30.6 GiB of temporaries of gemma3-12b LoRA on v6e 2x4 (128 x 256, remat full)."""
@@ -61,8 +62,10 @@ class _Factors(_LoRA):
     @nn.compact
     def __call__(self, x):
         equation, a_shape, b_shape = lora_factors(self.equation, self.weight_shape, self.rank)
-        a = layers.gathered(self.options, self.param("a", nn.initializers.kaiming_uniform(), a_shape, self.dtype))
-        b = layers.gathered(self.options, self.param("b", nn.initializers.zeros_init(), b_shape, self.dtype))
+        a = layers.gathered(self.options, self.param("a", nn.initializers.kaiming_uniform(), a_shape, self.dtype),
+                            by_constraint=True)
+        b = layers.gathered(self.options, self.param("b", nn.initializers.zeros_init(), b_shape, self.dtype),
+                            by_constraint=True)
         if self.pair:
             low = jnp.einsum("...F,Fr->...r", x, a)
             return tuple(jnp.einsum("...r,rH->...H", low, b[:, part]) for part in (0, 1))

@@ -48,7 +48,7 @@ class LayerOptions:
     interpret: bool = False  # the kernel in Pallas' interpreter (CPU tests)
 
 
-def gathered(options: LayerOptions, weight):
+def gathered(options: LayerOptions, weight, *, by_constraint: bool = False):
     """A projection's weight whole on every device of the run's mesh before its matmul: FSDP's gather,
     made explicit. Left to XLA's SPMD partitioner on TPU, a matmul of the token rows by an FSDP-split
     weight with a large output runs as a windowed loop over the weight's shards (windowed_dot_general):
@@ -65,11 +65,16 @@ def gathered(options: LayerOptions, weight):
     sharding constraint: from a constraint, XLA gathered each parameter once and used the result in both
     the forward and the rematerialised backward, so every layer's whole weights stayed alive between the
     two (gemma3-12b full, v6e 2x4, 128 x 256, remat full: 44.3 GiB; explicit: 26.6 GiB, fits). A weight
-    too small to split (trainer.run.mesh.fsdp_spec) keeps the constraint, its placement only."""
+    too small to split (trainer.run.mesh.fsdp_spec) keeps the constraint, its placement only.
+
+    `by_constraint` keeps the constraint for a split weight too: LoRA's factors, a few MB a layer whether
+    XLA keeps them or not, which gathered explicitly cost a LoRA run more (gemma3-27b LoRA r16, v6e 2x4,
+    128 x 256, remat full, 12 layers: 9.61 GiB of temporaries against 8.96, about 0.1 GiB a layer; the
+    frozen base's gather made no difference either way)."""
     if options.mesh is None:
         return weight
     spec = mesh_lib.fsdp_spec(tuple(weight.shape), options.mesh.shape["fsdp"])
-    if "fsdp" not in spec:  # not split: only its placement to state
+    if by_constraint or "fsdp" not in spec:  # only its placement to state
         return jax.lax.with_sharding_constraint(weight, NamedSharding(options.mesh, PartitionSpec()))
     axis = list(spec).index("fsdp")
     gather = functools.partial(jax.lax.all_gather, axis_name="fsdp", axis=axis, tiled=True)

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.stats import mib
-from trainer.model import layers, models
+from trainer.model import models
+from trainer.nn import layers
 from trainer.run import hbm
 from trainer.run.mesh import jax_entry_point
 from trainer.config import GEMMA3_MODELS, TINY

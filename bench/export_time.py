@@ -1,5 +1,5 @@
 """`python -m bench.export_time [--model tiny|gemma3-270m] [--dtype bfloat16|float32]`: how long the
-Hugging Face export (trainer.hf.export.write_model) of a randomly initialised model takes, and its size.
+Hugging Face export (trainer.export.write_model) of a randomly initialised model takes, and its size.
 
 Random weights: the export's time depends on the tensors' sizes, not their values.
 """
@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 
-from trainer.hf import export
+from trainer import export
 
 from trainer.model import models
 from trainer.run.mesh import jax_entry_point

@@ -5,7 +5,7 @@ virtualenv of this Python 3.12; no Docker needed, PyPI is.
 Prints the installed size (site-packages, libtpu included, and its largest packages) and pip check's
 report (a missing dependency fails), then runs the trainer's entry points on exactly that package set with
 the virtualenv's Python: a tiny fine-tune (`python -m trainer --preset tiny`), the preparation of a Parquet file
-(`python -m trainer.data.prepare`) and the Hugging Face export (`python -m trainer.hf.export`).
+(`python -m trainer.data.prepare`) and the Hugging Face export (`python -m trainer.export`).
 Exit status 1 when the install or an entry point fails. Needs only the standard library to start.
 """
 
@@ -62,7 +62,7 @@ def entry_points(python: str, workdir: pathlib.Path, steps: int) -> None:
          train / "data" / "corpus.txt", parquet], cwd=ROOT, env=env)
     run([python, "-m", "trainer.data.prepare", "--input", parquet, "--tokenizer", train / "data" / "tokenizer.model",
          "--output", workdir / "prepared"], cwd=ROOT, env=env)
-    run([python, "-m", "trainer.hf.export", "--run", train, "--out", workdir / "hf"], cwd=ROOT, env=env)
+    run([python, "-m", "trainer.export", "--run", train, "--out", workdir / "hf"], cwd=ROOT, env=env)
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
 from trainer.data import loader as data_lib
-from trainer.model import models, precision
+from trainer.model import models
+from trainer.nn import precision
 from trainer.run import mesh, step
 from trainer.config import TrainConfig
 

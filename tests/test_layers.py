@@ -9,24 +9,27 @@ MODULES_PER_FOLDER modules."""
 import ast
 import pathlib
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The stack config, the catalog and the pure builders both sides share: what both the components and
 # the workload builders read.
 CONFIG_LAYER = {"infra.cloud.accounts", "infra.config", "infra.errors", "infra.catalog.names", "infra.queueing.queues", "infra.config.stack_files", "infra.catalog.tpu"}
 PROGRAM = {"stack", "__main__"}
 # The trainer's layers, lowest first: a module imports its own layer or lower ones. A name covers a
-# module and, for a package, everything in it.
+# module and, for a package, everything in it; "trainer" covers the package's __init__ alone. Each folder
+# of trainer/ is one layer of its own, so folders import one way.
 TRAINER_LAYERS = (
     ("what both sides read", ("trainer", "trainer.contract", "trainer.errors", "trainer.shared_files")),
     ("the data side", ("trainer.data",)),
-    ("the options", ("trainer.config", "trainer.gemma3.config")),
-    ("the parts of a run", ("trainer.run.checkpoint", "trainer.model.params_io", "trainer.run.hbm", "trainer.run.compile_answers", "trainer.run.metrics", "trainer.model.precision", "trainer.run.preemption",
-                            "trainer.measure.flops", "trainer.run.hardware", "trainer.measure.throughput",
-                            "trainer.hf.config", "trainer.hf.weights", "trainer.hf.tokenizer",
-                            "trainer.hf.tokenizer_json", "trainer.hf.sample", "trainer.hf.publish")),
-    ("the model and its step", ("trainer.gemma3", "trainer.model.models", "trainer.hf.load", "trainer.model.layers", "trainer.model.flash_attention", "trainer.model.loss", "trainer.run.mesh", "trainer.run.step", "trainer.run.vocab_chunk", "trainer.model.sampling",
-                                "trainer.measure.plot")),
-    ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.hf.export", "trainer.measure")),
+    ("the model's layers", ("trainer.nn",)),
+    ("the architecture", ("trainer.gemma3",)),
+    ("the options", ("trainer.config",)),
+    ("Hugging Face formats", ("trainer.hf",)),
+    ("the model's assembly", ("trainer.model",)),
+    ("one run on the chips", ("trainer.run",)),
+    ("what a run costs", ("trainer.measure",)),
+    ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.export")),
     ("the entry point", ("trainer.__main__",)),
 )
 
@@ -44,26 +47,42 @@ INFRA_LAYERS = (
 MODULES_PER_FOLDER = 12
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+ROOTS = ("trainer", "infra")
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path = REPO) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
-    """(line, module) of every import in the file, at any depth (function-level imports too)."""
+def _imports(path: pathlib.Path, root: pathlib.Path = REPO) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, at any depth (function-level imports too); a relative
+    import is read as the absolute name it stands for."""
+    module = _module_name(path, root).split(".")
+    package = module if path.name == "__init__.py" else module[:-1]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) if node.level else node.module
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
     return found
+
+
+def _covers(name: str, module: str) -> bool:
+    """A root package's name covers its __init__ and, in infra, the plain modules at its top (and the names
+    in them); any other name its module and everything under it."""
+    if name in ROOTS:
+        rest = module[len(name) + 1:] if module.startswith(name + ".") else None
+        return module == name or (name == "infra" and rest is not None and (REPO / name / f"{rest.split('.')[0]}.py").is_file())
+    return module == name or module.startswith(name + ".")
 
 
 def _layer(module: str, layers: tuple, table: str) -> tuple[int, str]:
     """The index in `layers` of the most specific name that covers `module`, and that name."""
     covering = [(len(name), index, name) for index, (_, names) in enumerate(layers) for name in names
-                if module == name or module.startswith(name + ".")]
+                if _covers(name, module)]
     if not covering:
         raise AssertionError(f"{module} is in no layer of tests/test_layers.py's {table}: place it there")
     _, index, name = max(covering)
@@ -174,12 +193,18 @@ def test_every_infra_module_has_a_layer():
         _layer(_module_name(path), INFRA_LAYERS, "INFRA_LAYERS")
 
 
-def _folders() -> list[pathlib.Path]:
-    return sorted(path.parent for package in ("infra", "trainer") for path in (REPO / package).rglob("__init__.py"))
+def _folders(root: pathlib.Path = REPO) -> list[pathlib.Path]:
+    """Every folder of infra/ and trainer/ that holds Python, with an __init__.py or not."""
+    return sorted({path.parent for package in ROOTS for path in (root / package).rglob("*.py") if "__pycache__" not in path.parts})
+
+
+def _undocumented(folders: list[pathlib.Path]) -> list[str]:
+    return [folder.name for folder in folders
+            if not (folder / "__init__.py").is_file() or not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))]
 
 
 def test_every_folder_says_what_it_holds():
-    undocumented = [str(folder.relative_to(REPO)) for folder in _folders() if not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))]
+    undocumented = [str(folder.relative_to(REPO)) for folder in _folders() if _undocumented([folder])]
     assert not undocumented, f"folders without a docstring in __init__.py (what it holds, what it may import): {undocumented}"
 
 
@@ -187,6 +212,34 @@ def test_no_folder_holds_more_than_a_dozen_modules():
     crowded = {str(folder.relative_to(REPO)): count for folder in _folders()
                if (count := len([path for path in folder.glob("*.py") if path.name != "__init__.py"])) > MODULES_PER_FOLDER}
     assert not crowded, f"folders over {MODULES_PER_FOLDER} modules: {crowded}: split them by concern"
+
+
+def test_the_checks_see_what_could_escape_them(tmp_path):
+    # A module no layer lists is refused, not placed in the root package's layer.
+    with pytest.raises(AssertionError, match="in no layer"):
+        trainer_layer("trainer.newfolder.module")
+    with pytest.raises(AssertionError, match="in no layer"):
+        _layer("infra.newfolder.module", INFRA_LAYERS, "INFRA_LAYERS")
+    assert _layer("infra.platform", INFRA_LAYERS, "INFRA_LAYERS")[1] == "infra"
+    # A relative import is read as the module it names.
+    module = tmp_path / "trainer" / "nn" / "layers.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from ..run import step\nfrom . import loss\n")
+    assert [name for _, name in _imports(module, tmp_path)] == ["trainer.run.step", "trainer.nn.loss"]
+    # A folder without __init__.py is still a folder, and an undocumented one.
+    (tmp_path / "trainer" / "loose").mkdir()
+    (tmp_path / "trainer" / "loose" / "a.py").write_text("")
+    folders = _folders(tmp_path)
+    assert tmp_path / "trainer" / "loose" in folders and "loose" in _undocumented(folders)
+
+
+def test_trainer_folders_import_one_way():
+    """Each folder of trainer/ is a layer of its own: no two folders import each other."""
+    folders = {path.parent.name for path in (REPO / "trainer").glob("*/__init__.py")}
+    assert folders <= {name.split(".")[1] for _, names in TRAINER_LAYERS for name in names if name.count(".") == 1}, \
+        "a trainer folder has no layer of its own in TRAINER_LAYERS"
+    for _, names in TRAINER_LAYERS:
+        assert len([name for name in names if name.split(".")[-1] in folders]) <= 1, f"two folders share a layer: {names}"
 
 
 def test_the_check_refuses_each_wrong_way():
@@ -198,7 +251,10 @@ def test_the_check_refuses_each_wrong_way():
     assert _refused("workloads.spec", "infra.config") is None and _refused("stack", "workloads.deploy") is None
     assert _refused("trainer.data.prepare", "trainer.model.models.init_params")
     assert _refused("trainer.model.models", "trainer.loop")
-    assert _refused("trainer.hf.export", "trainer.loop") is None and _refused("trainer.loop", "trainer.data.loader") is None
+    assert _refused("trainer.nn.layers", "trainer.run.mesh") and _refused("trainer.nn.layers", "trainer.gemma3.model")
+    assert _refused("trainer.hf.load", "trainer.model.models") and _refused("trainer.gemma3.model", "trainer.model.models")
+    assert _refused("trainer.model.models", "trainer.hf.load") is None and _refused("trainer.run.step", "trainer.model.models") is None
+    assert _refused("trainer.export", "trainer.loop") is None and _refused("trainer.loop", "trainer.data.loader") is None
     assert _refused("infra.catalog.tpu", "infra.config.StackConfig")
     assert _refused("infra.cloud.cluster", "infra.observability.telemetry")
     assert _refused("infra.queueing.kueue", "infra.observability.monitoring")

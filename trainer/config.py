@@ -32,7 +32,7 @@ def model_names() -> tuple[str, ...]:
     return (*GEMMA3_MODELS, TINY)
 
 LR_SCHEDULES = ("cosine", "constant")
-COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.model.precision's choice for the platform
+COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.nn.precision's choice for the platform
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.run.step.build_optimizer)
 PRESETS = ("tiny", "tiny-chat")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
@@ -40,7 +40,7 @@ PRESETS = ("tiny", "tiny-chat")
 LOG_FORMATS = ("text", "json")
 MESH_AXES = ("data", "fsdp")
 # auto: the platform's Pallas kernel (splash on TPU, flash on GPU) for rows its block divides, else the
-# dense mask (trainer.model.layers.KERNELS).
+# dense mask (trainer.nn.layers.KERNELS).
 ATTENTIONS = ("auto", "dense", "splash", "flash")
 # auto: the first of none, dots, full whose step the compiler fits in the chips' memory (trainer.run.step).
 REMATS = ("auto", "none", "dots", "full")
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", choices=model_names(), help=f"model to fine-tune (default {d.model})")
     add("--weights", help="initial weights: official (Google's pre-trained checkpoint of the model), random, a path of Gemma parameters "
         "as gm.ckpts.save_params and this trainer's export write them, or a Hugging Face Gemma 3 directory (config.json and "
-        f"safetensors, e.g. a google/gemma-3-*-it download or python -m trainer.hf.export's output) (default {d.weights})")
+        f"safetensors, e.g. a google/gemma-3-*-it download or python -m trainer.export's output) (default {d.weights})")
     add("--tokenizer", help="SentencePiece model; default the model's official Gemma 3 tokenizer (required for --model tiny)")
     add("--data", help="a raw file, prepared once into WORKDIR/data_cache: text (documents separated by <|endoftext|>), JSON Lines "
         "(.jsonl) or Parquet (.parquet) of text, chat (messages) or prompt/response rows; or a directory made by python -m trainer.data.prepare")

@@ -71,7 +71,8 @@ def load_run(workdir: pathlib.Path, run: dict):
     """(model, params in the compute dtype, tokenizer) of the run in `workdir`."""
     import jax.numpy as jnp
 
-    from trainer.model import models, precision
+    from trainer.model import models
+    from trainer.nn import precision
     from trainer.run import step
     from trainer.data.tokenizer import load_tokenizer
 

@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from trainer import shared_files
-from trainer.model import models, precision, sampling
+from trainer.model import models, sampling
+from trainer.nn import precision
 from trainer.run import checkpoint, mesh, step
-from trainer.hf import export
+from trainer import export
 
 from trainer.measure import flops
 from trainer.data import loader as data_lib
@@ -337,8 +338,9 @@ def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenize
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
     Hugging Face directory (bfloat16) that serving stacks load, published as a new version to
     `publish_dir` when given (process 0; trainer.hf.publish). A failed HF export or publication only
-    warns: the weights are safe in export/params, and `python -m trainer.hf.export` writes it again."""
-    from trainer.hf import export, publish  # trainer.hf.export reads runs through this module
+    warns: the weights are safe in export/params, and `python -m trainer.export` writes it again."""
+    from trainer import export  # trainer.export reads runs through this module
+    from trainer.hf import publish
 
     export_dir = workdir / "export"
     if frozen is not None:
@@ -350,7 +352,7 @@ def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenize
         export.write_final_export(export_dir / "hf", merged, model_config=model_config, tokenizer=tokenizer)
     except (OSError, UserError) as error:
         checkpoint.print_warning(f"{export_dir / 'hf'}: the Hugging Face export failed ({error}); the weights are in "
-                                 f"{export_dir / 'params'}: run python -m trainer.hf.export --run {workdir} --format hf --out DIR")
+                                 f"{export_dir / 'params'}: run python -m trainer.export --run {workdir} --format hf --out DIR")
         return
     if publish_dir is not None and jax.process_index() == 0:
         try:

@@ -14,7 +14,8 @@ import pytest
 from gemma import gm, peft
 
 import trainer
-from trainer.model import loss, models
+from trainer.model import models
+from trainer.nn import loss
 from trainer.gemma3 import config as gemma3_config
 from trainer.gemma3.config import Attention, Gemma3Config
 from trainer.gemma3.model import packed_mask

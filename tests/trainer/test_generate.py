@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from trainer import contract, loop
-from trainer.model import loss, models, sampling
+from trainer.model import models, sampling
+from trainer.nn import loss
 
 from trainer.data import loader as data_lib
 from trainer.config import parse_config
-from trainer.hf.export import main as export_main
+from trainer.export import main as export_main
 from trainer.generate import main as generate
 from trainer.run.metrics import read_metrics
 from trainer.data.tokenizer import load_tokenizer

@@ -57,7 +57,7 @@ def test_the_export_answers_through_transformers_as_generate_does(wide_run, tmp_
         pytest.skip(f"no Hugging Face environment at {hf_python}: run `make .venv-hf/.installed` (or set HF_PYTHON)")
     workdir, _ = wide_run
     # float32, as the checkpoint generate reads: bfloat16 rounding could flip a near tie.
-    exported = _run("trainer.hf.export", "--run", str(workdir), "--out", str(tmp_path / "hf"), "--dtype", "float32")
+    exported = _run("trainer.export", "--run", str(workdir), "--out", str(tmp_path / "hf"), "--dtype", "float32")
     assert exported.returncode == contract.OK, exported.stderr[-3000:]
     prompt = "Once upon a time"
     jax = _run("trainer.generate", "--run", str(workdir), "--prompt", prompt, "--max-new-tokens", "12")

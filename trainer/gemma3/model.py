@@ -1,13 +1,13 @@
 """The Gemma 3 text transformer and its LoRA adapters in flax.
 
 `Transformer.apply({"params": p}, tokens, positions, segment_ids, options=...)` gives the final
-hidden states [B, L, D] of packed rows; the loss head (trainer.model.loss) multiplies them by the tied
+hidden states [B, L, D] of packed rows; the loss head (trainer.nn.loss) multiplies them by the tied
 embedding. A packed row holds several documents: `positions` restart at 0 in each, and a token sees
 only earlier tokens of its own segment (and, in a local layer, only the last `sliding_window_size`).
 
 `options.attention` picks how: "dense" builds that [B, L, L] mask (CPU, and any length); "splash" (TPU)
 and "flash" (GPU) run Pallas kernels that read the segment ids and the window, so no [L, L] tensor
-exists (trainer.model.layers). `options.remat` rematerialises each block.
+exists (trainer.nn.layers). `options.remat` rematerialises each block.
 
 LoRA (`lora_rank`): every projection weight W of a block gets factors A (W's input axes, rank) and
 B (rank, W's output axes), B starting at zero, in the tree places gemma's `gm.nn.LoRA` gives them.
@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from trainer.model import layers
+from trainer.nn import layers
 from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config
 
 LORA = "lora"  # the scope of an adapter's factors, as gemma names it

@@ -4,7 +4,7 @@
 A model directory is config.json with model.safetensors, or shards named by
 model.safetensors.index.json; Gemma3ForCausalLM, or the text part of Gemma3ForConditionalGeneration
 (its `language_model.` names; the vision tower is not read). An adapter directory is what PEFT and
-`trainer.hf.export --lora-export adapter` write: adapter_config.json with adapter_model.safetensors.
+`trainer.export --lora-export adapter` write: adapter_config.json with adapter_model.safetensors.
 Everything a user can get wrong is checked from config.json and the files' headers before a weight
 is read. The weights go straight into the run's shardings: each process reads the rows of its
 blocks only (trainer.hf.weights says which), as float32 masters whatever the stored dtype.

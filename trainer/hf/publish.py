@@ -6,7 +6,7 @@ with its adapter, base/ and adapter/) and, last, trainer.contract.PUBLISHED_MARK
 under a hidden temporary name, renamed to its own, then marked complete: a reader that goes by the
 marker never sees part of a version, and a version is never written over (a new one is added
 beside it; rolling back is moving the newest aside). The trainer publishes its final export with
---publish-dir (process 0 only), and `trainer.hf.export --publish DIR` what it writes.
+--publish-dir (process 0 only), and `trainer.export --publish DIR` what it writes.
 No JAX here.
 """
 
@@ -23,7 +23,7 @@ import sys
 from trainer import contract, shared_files
 from trainer.errors import UserError, entry_point
 
-PARTS = ("hf", "base", "adapter")  # merged, or the frozen base and the PEFT adapter (trainer.hf.export --lora-export)
+PARTS = ("hf", "base", "adapter")  # merged, or the frozen base and the PEFT adapter (trainer.export --lora-export)
 
 
 def run_id(workdir: pathlib.Path) -> str:

@@ -16,7 +16,7 @@ _USER_ERROR = 2  # trainer.contract.USER_ERROR, without importing the trainer (a
 
 def _parse(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.hf.sample", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="a Hugging Face model directory (trainer.hf.export's output)")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="a Hugging Face model directory (trainer.export's output)")
     parser.add_argument("--prompt", required=True, action="append", help="a user turn; give it several times for several prompts")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     return parser.parse_args(argv)
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     args = _parse(argv)
     if not (args.model / "config.json").is_file():
         print(f"error: --model {args.model}: no config.json there; pass a directory written by "
-              "python -m trainer.hf.export (a run's WORKDIR/export/hf)", file=sys.stderr)  # fmt: skip
+              "python -m trainer.export (a run's WORKDIR/export/hf)", file=sys.stderr)  # fmt: skip
         return _USER_ERROR
     for prompt, reply in zip(args.prompt, answers(args.model, args.prompt, max_new_tokens=args.max_new_tokens)):
         print(f"user: {prompt}\nmodel (transformers): {reply}")

@@ -1,6 +1,6 @@
 """Where each Gemma 3 weight (trainer.gemma3, gemma's tree) goes in Hugging Face's Gemma3ForCausalLM, and LoRA adapters in PEFT's.
 
-One table serves both directions: trainer.hf.export writes a run's tree with it, trainer.hf.load reads
+One table serves both directions: trainer.export writes a run's tree with it, trainer.hf.load reads
 a Hugging Face directory back into one.
 
 The model keeps a projection as an einsum weight with named axes (q_einsum [heads, embed, head_dim],

@@ -7,7 +7,7 @@ and shardings only. Two figures need care:
 - FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. FSDP's
   large matmuls are loops over the weights' shards, whose missing FLOPs are read from the optimized
   program (trainer.measure.windowed_loops). The step's other loop is the vocabulary-chunked
-  log-sum-exp (trainer.model.loss): a forward map and, under jax.checkpoint, a backward map that
+  log-sum-exp (trainer.nn.loss): a forward map and, under jax.checkpoint, a backward map that
   recomputes a chunk's logits and takes both gradients. The compiler's cost of one chunk's forward
   and backward bodies (compiled alone on the same mesh) times the (chunks - 1) missing iterations
   is added (trainer.run.vocab_chunk.loop_cost). A Pallas kernel (splash or
@@ -29,7 +29,8 @@ import re
 import jax
 import jax.numpy as jnp
 
-from trainer.model import layers, models, precision
+from trainer.model import models
+from trainer.nn import layers, precision
 from trainer.run import hbm, mesh, step, tpu_flags, vocab_chunk
 from trainer.config import TrainConfig
 from trainer.errors import UserError
@@ -73,7 +74,7 @@ class CompiledStep:
     device_kind: str
     chips: int
     batch_size: int
-    attention: str  # dense or a kernel (trainer.model.layers.KERNELS), as --attention auto chose
+    attention: str  # dense or a kernel (trainer.nn.layers.KERNELS), as --attention auto chose
     remat: str  # the rematerialisation policy that fits, as --remat auto chose
     vocab_chunk: int | None  # the loss head's vocabulary chunk, as --vocab-chunk auto chose (None: plain logits)
     arguments: int

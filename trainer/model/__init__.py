@@ -1,5 +1,5 @@
-"""The model: the Gemma 3 layers as the step runs them, the model and weights a run starts from, the
-loss, the parameters on disk, the compute dtype, sampling. Imports trainer's top (contract, errors,
-config), trainer.data and trainer.gemma3 (whose modules run on trainer.model.layers); nothing of
-trainer.run or of what drives a run.
+"""The model a run trains, assembled: its architecture and weights (random, official, a run's
+checkpoint, a Hugging Face directory or adapter), LoRA split and merge, the parameters on disk, sampling.
+Stands above trainer.gemma3, trainer.hf and trainer.nn and imports them, trainer.data and trainer's top
+(contract, errors, config); nothing of trainer.run or of what drives a run.
 """

@@ -1,6 +1,6 @@
 """Gemma 3 models (trainer.gemma3), a tiny one for CPU, their weights, and LoRA.
 
-Parameters are float32 masters (the optimizer updates these); `trainer.model.loss` casts them to the
+Parameters are float32 masters (the optimizer updates these); `trainer.nn.loss` casts them to the
 compute dtype for the forward pass: AdamW's small updates would vanish when added to bfloat16 weights.
 """
 

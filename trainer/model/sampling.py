@@ -15,7 +15,7 @@ import numpy as np
 
 from trainer.data import chat
 
-from trainer.model import loss
+from trainer.nn import loss
 from trainer.data.chat_corpus import SAMPLE_PROMPTS as CHAT_PROMPTS
 
 # Openings in the style of the stories the demo and TinyStories train on.

@@ -26,11 +26,10 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.config import format_mesh
+from trainer.nn.sharding import fsdp_spec
 from trainer.errors import UserError, entry_point
 
 BATCH_AXES = ("data", "fsdp")
-# Arrays smaller than this stay replicated: splitting norms and biases saves nothing and costs collectives.
-MIN_FSDP_ELEMENTS = 2**16
 _GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 T = TypeVar("T")
 # Process 0 may tokenize a multi-gigabyte --data file for a while before the others can start.
@@ -227,16 +226,6 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
-
-
-def fsdp_spec(shape: tuple[int, ...], fsdp_size: int) -> PartitionSpec:
-    """Splits the largest axis that `fsdp_size` divides, for arrays worth splitting."""
-    if fsdp_size == 1 or math.prod(shape) < MIN_FSDP_ELEMENTS:
-        return PartitionSpec()
-    for axis in sorted(range(len(shape)), key=lambda i: -shape[i]):
-        if shape[axis] % fsdp_size == 0:
-            return PartitionSpec(*([None] * axis + ["fsdp"]))
-    return PartitionSpec()
 
 
 def state_shardings(mesh: Mesh, tree):

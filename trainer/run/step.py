@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.model import layers as layers_lib
-from trainer.model import loss, models
+from trainer.nn import layers as layers_lib
+from trainer.model import models
+from trainer.nn import loss
 from trainer.run import hbm, mesh, vocab_chunk
 from trainer.run import compile_answers
 

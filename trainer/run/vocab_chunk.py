@@ -1,4 +1,4 @@
-"""How many vocabulary rows the loss takes logits of at a time (trainer.model.loss), chosen on TPU by the compiler.
+"""How many vocabulary rows the loss takes logits of at a time (trainer.nn.loss), chosen on TPU by the compiler.
 
 Gemma's 262,144-entry vocabulary makes the loss head the step's largest tensor: [tokens, vocab] float32
 logits. Chunking bounds them to [tokens, chunk] at a price in bytes (every chunk re-reads the hidden
@@ -9,7 +9,7 @@ and the candidates are ranked by the compiler's figures: the roofline time of th
 (every loop iteration counted, see `loop_cost`), then their temporaries. trainer.run.step compiles the
 whole step with the fastest and, when the compiler refuses it for memory, goes on to the fastest
 candidate whose head frees the bytes it was short. On CPU and GPU memory is not what limits a run:
-trainer.model.loss's size rule decides there.
+trainer.nn.loss's size rule decides there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.model import loss
+from trainer.nn import loss
 from trainer.run import mesh
 from trainer.run import hardware
 from trainer.run import compile_answers
@@ -57,7 +57,7 @@ def loop_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_
               softcap: float | None) -> tuple[float, float]:
     """(FLOPs, bytes accessed) per chip that XLA's cost analysis leaves out of a chunked head: it counts
     a loop body once, so the (chunks - 1) missing iterations of the forward loop and of the backward
-    loop (trainer.model.loss.chunked_logsumexp) are the compiler's own cost of one chunk's forward body and
+    loop (trainer.nn.loss.chunked_logsumexp) are the compiler's own cost of one chunk's forward body and
     of one chunk's backward body, each compiled alone on the same mesh."""
     if chunk is None or chunk >= vocab_size:
         return 0.0, 0.0
@@ -124,7 +124,7 @@ def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_siz
 
 def fixed(requested: str, *, tokens_per_chip: int, vocab_size: int) -> int | None:
     """The chunk of a --vocab-chunk that needs no compiler: a number, none (plain logits), or for auto
-    trainer.model.loss's size rule (what auto is off TPU)."""
+    trainer.nn.loss's size rule (what auto is off TPU)."""
     if requested == "none":
         return None
     if requested == "auto":

@@ -22,7 +22,8 @@ from safetensors.numpy import load_file, save_file
 from trainer import contract, loop
 from trainer.model import models
 
-from trainer.hf import export, tokenizer as hf_tokenizer
+from trainer import export
+from trainer.hf import tokenizer as hf_tokenizer
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import parse_config
 

@@ -21,7 +21,8 @@ from tests.trainer.hf.test_export import HF_PYTHON, REPO, TOLERANCE, jax_logits,
 from trainer.model import models
 from trainer.config import parse_config
 from trainer.errors import UserError
-from trainer.hf import config as hf_config, export, load as hf_load, weights as hf_weights
+from trainer import export
+from trainer.hf import config as hf_config, load as hf_load, weights as hf_weights
 
 RANK = 4
 

@@ -1,4 +1,4 @@
-"""Publishing an export for serving: the trainer's final export and `trainer.hf.export --publish` add a
+"""Publishing an export for serving: the trainer's final export and `trainer.export --publish` add a
 version beside the earlier ones, never over one, and a version without its marker (one being
 copied, or a copy that died) is not one."""
 
@@ -11,7 +11,7 @@ import pytest
 from tests.trainer.hf.test_export import train
 from trainer import contract
 from trainer.hf import publish
-from trainer.hf.export import main as export_main
+from trainer.export import main as export_main
 from trainer.hf.publish import main as publish_main
 from trainer.errors import UserError
 

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.measure import compiled, windowed_loops
-from trainer.model import layers
+from trainer.nn import layers
 
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
 
@@ -39,7 +39,7 @@ def test_a_matmul_without_a_loop_needs_no_correction():
 
 
 def test_a_gathered_weight_makes_the_matmul_one_matmul():
-    """The model gathers a projection's weight (trainer.model.layers.gathered): no loop, nothing to correct."""
+    """The model gathers a projection's weight (trainer.nn.layers.gathered): no loop, nothing to correct."""
     reported, hlo, per_chip = _fsdp_matmul(32_768, gathered=True)
     assert "windowed_dot_general" not in hlo and windowed_loops.missing_flops(hlo) == 0
     assert reported == pytest.approx(per_chip, rel=0.02)

@@ -13,7 +13,8 @@ import pytest
 
 from trainer.data import loader as data
 
-from trainer.model import layers, loss, models
+from trainer.model import models
+from trainer.nn import layers, loss
 from trainer.run import mesh
 from trainer.errors import UserError
 from trainer.gemma3.model import FeedForward, Transformer

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer.model import flash_attention, layers, loss, models
+from trainer.model import models
+from trainer.nn import flash_attention, layers, loss
 from trainer.errors import UserError
 from trainer.gemma3.model import dense_attention
 

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from trainer.model import precision
+from trainer.nn import precision
 
 # Trimmed /proc/cpuinfo texts of real machines.
 ZEN4 = """processor\t: 0

@@ -8,6 +8,7 @@ from jax.sharding import PartitionSpec
 
 from trainer.model import models
 from trainer.run import mesh, step
+from trainer.nn import sharding
 from trainer.errors import UserError
 
 
@@ -101,11 +102,11 @@ def test_mesh_fills_the_minus_one_axis_and_refuses_what_does_not_fit():
 
 
 def test_fsdp_splits_large_matrices_on_their_largest_divisible_axis_and_replicates_the_rest():
-    assert mesh.fsdp_spec((262_144, 640), 4) == PartitionSpec("fsdp")  # Gemma 3 270M embedding: split the vocabulary
-    assert mesh.fsdp_spec((2, 2048, 640), 4) == PartitionSpec(None, "fsdp")  # gating einsum
-    assert mesh.fsdp_spec((4, 256, 640), 3) == PartitionSpec()  # no axis divides by 3: replicated
-    assert mesh.fsdp_spec((640,), 4) == PartitionSpec()  # a norm scale: too small to split
-    assert mesh.fsdp_spec((262_144, 640), 1) == PartitionSpec()  # no fsdp axis
+    assert sharding.fsdp_spec((262_144, 640), 4) == PartitionSpec("fsdp")  # Gemma 3 270M embedding: split the vocabulary
+    assert sharding.fsdp_spec((2, 2048, 640), 4) == PartitionSpec(None, "fsdp")  # gating einsum
+    assert sharding.fsdp_spec((4, 256, 640), 3) == PartitionSpec()  # no axis divides by 3: replicated
+    assert sharding.fsdp_spec((640,), 4) == PartitionSpec()  # a norm scale: too small to split
+    assert sharding.fsdp_spec((262_144, 640), 1) == PartitionSpec()  # no fsdp axis
 
 
 def test_a_single_device_mesh_gives_global_batches_of_the_local_rows():

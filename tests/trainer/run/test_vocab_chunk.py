@@ -5,7 +5,7 @@ chunk whose head frees the bytes it was short of. Off TPU the size rule decides,
 import jax.numpy as jnp
 import pytest
 
-from trainer.model import loss
+from trainer.nn import loss
 from trainer.run import mesh, step, vocab_chunk
 from trainer.config import parse_config
 from trainer.errors import UserError

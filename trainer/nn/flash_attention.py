@@ -1,6 +1,6 @@
 """FlashAttention-2 for packed rows on NVIDIA GPUs: Pallas kernels (Triton backend) for the forward
 and backward passes, so that attention keeps no [B, L, L] tensor on a GPU as splash attention keeps
-none on TPU (trainer.model.layers picks between them).
+none on TPU (trainer.nn.layers picks between them).
 
 A query at index q of a row sees a key at index k when both carry the same segment id, k <= q, and,
 for a local layer of `window` tokens, k > q - window: the mask trainer.gemma3.model.dense_attention

@@ -1,4 +1,4 @@
-"""`python -m trainer.hf.export --run WORKDIR --format hf --out DIR`: a run's model as a Hugging Face
+"""`python -m trainer.export --run WORKDIR --format hf --out DIR`: a run's model as a Hugging Face
 directory that transformers, vLLM and other serving stacks load (Gemma3ForCausalLM, safetensors).
 
 The weights are the run's newest: its latest checkpoint, else WORKDIR/export (what the run wrote at
@@ -253,7 +253,7 @@ def _require_free(out: pathlib.Path) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer.hf.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="the run's --workdir (with its config.json)")
     parser.add_argument("--format", choices=FORMATS, default="hf", help="hf: a Hugging Face model directory (default)")
     parser.add_argument("--out", required=True, help="the directory to write (new, or empty)")
@@ -266,7 +266,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@entry_point("trainer.hf.export: ")
+@entry_point("trainer.export: ")
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     mesh.require_requested_platform()
@@ -278,10 +278,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
-    print(f"trainer.hf.export: wrote {args.out} from {source}")
+    print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish:
         version = publish.publish(pathlib.Path(args.publish), publish.run_id(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
-        print(f"trainer.hf.export: published {version}")
+        print(f"trainer.export: published {version}")
 
 
 if __name__ == "__main__":

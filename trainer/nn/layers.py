@@ -3,7 +3,7 @@ mask on TPU and GPU, and rematerialised blocks (trainer.gemma3.model reads these
 
 The attention of packed rows runs through a Pallas kernel that takes the rows' segment ids and Gemma
 3's causal sliding window, so that no [L, L] tensor exists: on TPU Pallas' splash attention kernel
-(block-sparse masks), on NVIDIA GPUs our FlashAttention-2 kernels (trainer.model.flash_attention). The
+(block-sparse masks), on NVIDIA GPUs our FlashAttention-2 kernels (trainer.nn.flash_attention). The
 dense path (CPU, and lengths the kernel's blocks do not divide) builds the mask. Preconditions of the
 kernels, held by the packed loader: positions restart at 0 in each document, and a row's length is a
 multiple of the kernel's block (KERNELS).
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.model import flash_attention
+from trainer.nn import flash_attention
 from trainer.errors import UserError
-from trainer.run import mesh as mesh_lib
+from trainer.nn.sharding import fsdp_spec
 
 # Least recomputation first: --remat auto tries them in this order (trainer.run.step).
 REMAT_POLICIES = {
@@ -65,7 +65,7 @@ def gathered(options: LayerOptions, weight, *, by_constraint: bool = False):
     sharding constraint: from a constraint, XLA gathered each parameter once and used the result in both
     the forward and the rematerialised backward, so every layer's whole weights stayed alive between the
     two (gemma3-12b full, v6e 2x4, 128 x 256, remat full: 44.3 GiB; explicit: 26.6 GiB, fits). A weight
-    too small to split (trainer.run.mesh.fsdp_spec) keeps the constraint, its placement only.
+    too small to split (trainer.nn.sharding.fsdp_spec) keeps the constraint, its placement only.
 
     `by_constraint` keeps the constraint for a split weight too: LoRA's factors, a few MB a layer whether
     XLA keeps them or not, which gathered explicitly cost a LoRA run more (gemma3-27b LoRA r16, v6e 2x4,
@@ -73,7 +73,7 @@ def gathered(options: LayerOptions, weight, *, by_constraint: bool = False):
     frozen base's gather made no difference either way)."""
     if options.mesh is None:
         return weight
-    spec = mesh_lib.fsdp_spec(tuple(weight.shape), options.mesh.shape["fsdp"])
+    spec = fsdp_spec(tuple(weight.shape), options.mesh.shape["fsdp"])
     if by_constraint or "fsdp" not in spec:  # only its placement to state
         return jax.lax.with_sharding_constraint(weight, NamedSharding(options.mesh, PartitionSpec()))
     axis = list(spec).index("fsdp")

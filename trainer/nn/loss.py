@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from trainer.model import layers as layers_lib
+from trainer.nn import layers as layers_lib
 
 # Logits of more elements than this ([tokens, vocab]) are computed in vocabulary chunks instead.
 # 2**26 float32 = 256 MiB per device; Gemma's 262,144 vocabulary passes it from 256 tokens on.

@@ -4,9 +4,11 @@ Gemma 3 architectures with random weights and their full 262,144-entry vocabular
 generated corpus and 512-piece tokenizer (no download). Each case (model, sequence length) runs each
 side in a process of its own (bench.device_side), one after the other, since a TPU admits one program
 at a time: from an estimate of the batch that fits, halved while the step does not fit the device's memory, then
-3 warm-up steps and 4 repeats of 5 steps (median). Ours is the trainer's own step (full fine-tune, or
-LoRA where the full fine-tune's float32 state cannot fit the chip: device_side.ours_lora_rank); the
-baseline is the tutorial's method (bfloat16 weights, full fine-tune). Per case and side: useful
+3 warm-up steps and 4 repeats of 5 steps (median). Ours is the trainer's own step: with --training auto
+the first of a full fine-tune (float32), a lean one (--precision lean) and LoRA that the compiler fits in the
+chip's memory at some batch, and the figures say which and what was refused; the baseline is the
+tutorial's method (bfloat16 weights, full fine-tune). `--profile` adds, per side, the table of where a
+few traced steps' time went (trainer.measure.step_profile). Per case and side: useful
 tokens/s, MFU, step time, compiled step memory against the device's peak, the compiler's roofline
 bound against the measured step; per case the ratio ours/baseline of useful tokens/s. The whole run
 keeps to --time-limit: a side that would start past it, or runs over it, is skipped and said so.
@@ -29,6 +31,8 @@ import time
 import jax
 
 from bench import inputs as inputs_lib
+from bench.device_side import TRAININGS
+from trainer.measure import step_profile
 from trainer.run.mesh import jax_entry_point
 from trainer.shared_files import replaced_atomically
 
@@ -57,13 +61,14 @@ def case_name(case: Case) -> str:
     return f"{case.model}@{case.seq_len}"
 
 
-def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, accelerator: bool) -> dict:
-    """One side of `case` in its own process; its figures, or why there are none."""
+def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, accelerator: bool, options=()) -> dict:
+    """One side of `case` in its own process; its figures, or why there are none. `options`: more of
+    bench.device_side's flags."""
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
         command = [sys.executable, "-m", "bench.device_side", "--side", side, "--model", case.model,
                    "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule),
-                   "--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else [])]
+                   "--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else []), *options]
         start = time.perf_counter()
         try:
             process = subprocess.run(command, timeout=timeout)
@@ -109,6 +114,12 @@ def print_table(cases: list[dict]) -> None:
                   f"{gib(r['compiled_step_bytes'])} | {gib(r['device_peak_bytes'])} | {bound} | {over} |")
         if case["ours_over_baseline"] is not None:
             print(f"  {case['model']} @ {case['seq_len']}: ours/baseline, useful tokens/s: {case['ours_over_baseline']:.2f}x")
+    for case in cases:
+        for side, r in case["sides"].items():
+            if "profile" in r:
+                rows = [step_profile.Row(**row) for row in r["profile"]]
+                print(step_profile.format_table(rows, title=f"{case['model']} @ {case['seq_len']}, {side} ({r['training']}, "
+                                                              f"batch {r['batch']}): where a step's time goes"))
 
 
 @jax_entry_point("bench.device: ")
@@ -120,7 +131,14 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="where the generated inputs are cached")
     parser.add_argument("--case", dest="cases", action="append", choices=[case_name(case) for case in CASES],
                         help="run only this case (repeatable; default all): one invocation's time limit rarely holds them all")
+    parser.add_argument("--side", dest="sides", action="append", choices=SIDES, help="measure only this side (default both)")
+    parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
+                        help="what ours trains: full (float32 state), lean (bfloat16 state), lora; auto: the first of these the compiler fits")
+    parser.add_argument("--batch", type=int, help="start each side at this global batch (halved while it does not fit) "
+                        "instead of the estimate of what fits under the case's cap")
+    parser.add_argument("--profile", action="store_true", help="trace a few steps of each side: the table of where their time goes")
     args = parser.parse_args(argv)
+    options = ["--training", args.training, *(["--profile"] if args.profile else [])]
     start = time.perf_counter()
     # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
     jax.config.update("jax_platforms", "cpu")
@@ -130,14 +148,19 @@ def main(argv=None) -> int:
     chosen = DRY_RUN_CASES if args.dry_run else [case for case in CASES if not args.cases or case_name(case) in args.cases]
     for case in chosen:
         results = {}
-        for side in SIDES:
+        if args.batch:
+            case = dataclasses.replace(case, batch=args.batch)
+            options_for_case = [*options, "--exact-batch"]
+        else:
+            options_for_case = options
+        for side in args.sides or SIDES:
             left = args.time_limit - (time.perf_counter() - start)
             if left < MIN_SIDE_S and not args.dry_run:
                 results[side] = {"side": side, "skipped": f"not started: {left:.0f} s of the time limit left"}
                 continue
             print(f"[device] {case.model} @ {case.seq_len}, {side}: batch at most {case.batch}, {left:.0f} s left", flush=True)
             results[side] = run_side(side, case, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
-                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run)
+                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run, options=options_for_case)
         cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results)})
     report = {"dry_run": args.dry_run, "time_limit_s": args.time_limit, "elapsed_s": time.perf_counter() - start,
               "jax": jax.__version__, "cases": cases}

@@ -10,12 +10,14 @@ device's peak, and the compiler's roofline bound against the measured step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
 import os
 import statistics
 import sys
+import tempfile
 
 import jax
 
@@ -29,32 +31,32 @@ from trainer.model import models
 from trainer.run import hbm, mesh
 from trainer.errors import UserError
 from trainer.run import hardware
-from trainer.measure import flops
+from trainer.measure import flops, step_profile
 
-LORA_RANK = 16  # ours when the full fine-tune's float32 state does not fit the chip
-# Bytes per parameter a full fine-tune of ours keeps on the chip besides activations: float32 weights,
-# gradients and AdamW's two moments.
-FULL_STATE_BYTES_PER_PARAM = 16
-STATE_SHARE = 0.8  # of the device's memory, the most that state may take and leave room for a step's activations
+LORA_RANK = 16  # ours when neither full fine-tune fits the chip
+# What ours trains, by --training: (precision, LoRA rank). auto takes the first the compiler fits at some batch.
+TRAININGS = {"full": ("float32", 0), "lean": ("lean", 0), "lora": ("float32", LORA_RANK)}
+AUTO = ("full", "lean", "lora")
 # The first batch's estimate (rounded up to a power of two; halving corrects an overshoot): bytes of state per
-# parameter, and per position the layers' saved activations (bfloat16, about 12 x the width and 4 x the
-# feed-forward's per layer) plus, for the baseline, its full logits (bfloat16, and float32 in the loss).
-STATE_BYTES_PER_PARAM = {"ours": FULL_STATE_BYTES_PER_PARAM, "ours/lora": 2, "baseline": 8}
+# parameter (ours: weights, gradients and AdamW's moments; the baseline: bfloat16 weights and float32 moments),
+# and per position the layers' saved activations (bfloat16, about 12 x the width and 4 x the feed-forward's
+# per layer) plus, for the baseline, its full logits (bfloat16, and float32 in the loss).
+STATE_BYTES_PER_PARAM = {"ours/full": 16, "ours/lean": 8, "ours/lora": 2, "baseline": 8}
 BASELINE_LOGIT_BYTES = 2 + 4 + 2
 USABLE_SHARE = 0.9  # of the device's memory
+PROFILE_STEPS = 3  # traced back to back after the timed repeats (--profile)
 
 
-def ours_lora_rank(model_config, bytes_limit: int | None) -> int:
-    """0 (full fine-tune) where its state fits the device's memory, else LORA_RANK."""
-    state = flops.param_count(model_config) * FULL_STATE_BYTES_PER_PARAM
-    return LORA_RANK if bytes_limit is not None and state > STATE_SHARE * bytes_limit else 0
+def training_label(training: str) -> str:
+    precision, rank = TRAININGS[training]
+    return f"LoRA rank {rank}" if rank else "full, lean (bfloat16 state)" if precision == "lean" else "full"
 
 
-def first_batch(side: str, model_config, *, seq_len: int, lora_rank: int, bytes_limit: int | None, cap: int) -> int:
+def first_batch(side: str, model_config, *, seq_len: int, training: str, bytes_limit: int | None, cap: int) -> int:
     """The batch to try first: `cap` where the device reports no memory, else the estimate of what fits."""
     if bytes_limit is None:
         return cap
-    key = "ours/lora" if side == "ours" and lora_rank else side
+    key = f"ours/{training}" if side == "ours" else side
     state = flops.param_count(model_config) * STATE_BYTES_PER_PARAM[key]
     per_position = model_config.num_layers * (12 * model_config.embed_dim + 4 * model_config.hidden_dim) * 2
     if side == "baseline":
@@ -63,9 +65,10 @@ def first_batch(side: str, model_config, *, seq_len: int, lora_rank: int, bytes_
     return min(cap, 1 << math.ceil(math.log2(rows)))
 
 
-def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch: int, lora_rank: int) -> Side:
+def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch: int, training: str) -> Side:
     if name == "ours":
-        return Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch, lora_rank=lora_rank)
+        precision, lora_rank = TRAININGS[training]
+        return Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch, lora_rank=lora_rank, state_precision=precision)
     return Baseline(model_config, models.init_params(model_config, seed=0), inputs.tokenizer, inputs.documents(),
                     seq_len=seq_len, batch_size=batch)
 
@@ -83,14 +86,14 @@ class DoesNotFit(Exception):
         self.refused = refused
 
 
-def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, lora_rank: int, schedule: Schedule, log):
+def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, training: str, schedule: Schedule, log):
     """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit;
     DoesNotFit when batch 1 does not either."""
     refused = []
     while True:
         side = None
         try:
-            side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, lora_rank=lora_rank)
+            side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, training=training)
             return side, measure([side], schedule, log=log)[side.name], refused
         except Exception as error:  # the compiler's refusal, or the device's at run time
             if not out_of_memory(error):
@@ -105,6 +108,20 @@ def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, lora_ra
                 raise DoesNotFit(refused, reason) from error
             log(f"  {name}: batch {batch} does not fit ({reason}); halving")
             batch //= 2
+
+
+def first_that_fits(name: str, model_config, inputs, trainings, *, first, seq_len: int, schedule: Schedule, log):
+    """(training, side, repeats, batches refused, the trainings refused before it): the first of `trainings`
+    the compiler fits at some batch, from `first(training)` halved; DoesNotFit naming each when none does."""
+    refusals = []
+    for training in trainings:
+        try:
+            return (training, *fitted(name, model_config, inputs, seq_len=seq_len, batch=first(training), training=training,
+                                      schedule=schedule, log=log), refusals)
+        except DoesNotFit as refusal:
+            log(f"  {name}, {training_label(training)}: {refusal}")
+            refusals.append(f"{training_label(training)}: {refusal}")
+    raise DoesNotFit([], "; ".join(refusals))
 
 
 def roofline(costs: dict, model_flops: float, chip: hardware.Chip | None) -> dict:
@@ -128,18 +145,20 @@ def run(args) -> dict:
     bytes_limit = stats.get("bytes_limit")
     inputs = inputs_lib.build_inputs(args.workdir)
     model_config = models.model_config(args.model, vocab_size=inputs.tokenizer.vocab_size)
-    lora_rank = ours_lora_rank(model_config, bytes_limit) if args.side == "ours" else 0
     schedule = Schedule(*args.schedule)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    batch = first_batch(args.side, model_config, seq_len=args.seq_len, lora_rank=lora_rank, bytes_limit=bytes_limit,
-                        cap=args.batch)
+    trainings = (AUTO if args.training == "auto" else (args.training,)) if args.side == "ours" else ("full",)
+    first = lambda training: args.batch if args.exact_batch else first_batch(  # noqa: E731
+        args.side, model_config, seq_len=args.seq_len, training=training, bytes_limit=bytes_limit, cap=args.batch)
     try:
-        side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=batch,
-                                        lora_rank=lora_rank, schedule=schedule, log=log)
+        training, side, repeats, refused, refusals = first_that_fits(args.side, model_config, inputs, trainings, first=first,
+                                                                     seq_len=args.seq_len, schedule=schedule, log=log)
     except DoesNotFit as refusal:
-        log(f"  {args.side}: {refusal}")
-        return {"side": args.side, "model": args.model, "seq_len": args.seq_len, "batches_refused": refusal.refused,
-                "does_not_fit": str(refusal), "device_kind": device.device_kind, "device_bytes_limit": bytes_limit}
+        return {"side": args.side, "model": args.model, "seq_len": args.seq_len, "does_not_fit": str(refusal),
+                "device_kind": device.device_kind, "device_bytes_limit": bytes_limit}
+    lora_rank = TRAININGS[training][1] if args.side == "ours" else 0
+    # How ours came to train this way: the compiler's verdict on each option before it.
+    chosen = training_label(training) + (f" (the compiler refused {'; '.join(refusals)})" if refusals else "")
     step_s = statistics.median(repeats.step_times)
     flops_per_token = flops.training_flops_per_token(model_config, args.seq_len, lora_rank=lora_rank)
     positions_per_step = side.batch_size * args.seq_len
@@ -150,7 +169,7 @@ def run(args) -> dict:
     analysis = side.memory_analysis()
     result = {
         "side": args.side, "model": args.model, "seq_len": args.seq_len, "batch": side.batch_size, "batches_refused": refused,
-        "training": f"LoRA rank {lora_rank}" if lora_rank else "full",
+        "training": chosen,
         "parameters": flops.param_count(model_config), "device_kind": device.device_kind, "devices": jax.device_count(),
         "compile_s": side.compile_s, "step_s": step_s, "step_spread": spread(repeats.step_times),
         "repeats": len(repeats.step_times), "steps_per_repeat": schedule.steps_per_repeat,
@@ -167,8 +186,21 @@ def run(args) -> dict:
         "device_peak_bytes": (device.memory_stats() or {}).get("peak_bytes_in_use"), "device_bytes_limit": bytes_limit,
         "truncated_away": side.truncated_fraction(),
     }
+    if args.profile:
+        result["profile"] = [dataclasses.asdict(row) for row in profiled(side, step_s)]
     side.close()
     return result
+
+
+def profiled(side: Side, step_s: float) -> list[step_profile.Row]:
+    """PROFILE_STEPS steps back to back under the profiler, as the table of where their time went."""
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(PROFILE_STEPS):
+            side.step()
+        side.wait()
+        jax.profiler.stop_trace()
+        return step_profile.profile_table(trace_dir, side.hlo_text(), steps=PROFILE_STEPS, step_s=step_s)
 
 
 @mesh.jax_entry_point("bench.device_side: ")
@@ -183,6 +215,10 @@ def main(argv=None) -> int:
     parser.add_argument("--result", required=True, help="JSON file the figures are written to")
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)
     parser.add_argument("--accelerator", action="store_true", help="refuse to measure on the CPU")
+    parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
+                        help="what ours trains; auto: the first of full (float32), lean (bfloat16 state) and LoRA that the compiler fits")
+    parser.add_argument("--exact-batch", action="store_true", help="start at --batch itself, not at the estimate of what fits")
+    parser.add_argument("--profile", action="store_true", help="trace a few steps after the timing: where their time went")
     args = parser.parse_args(argv)
     with open(args.result, "w") as out:
         json.dump(run(args), out)

@@ -19,15 +19,15 @@ class Ours(Side):
     name = "ours"
 
     def __init__(self, model_config, data: data_lib.TokenizedData, *, seq_len: int, batch_size: int, seed: int = 0,
-                 dtype=None, lora_rank: int = 0):
+                 dtype=None, lora_rank: int = 0, state_precision: str = "float32"):
         """`dtype`: the forward pass's; None = the trainer's choice for this platform (a what-if otherwise).
-        The learning rate is constant, so the benchmark's length does not matter."""
+        The learning rate is constant, so the benchmark's length does not matter. `state_precision`: --precision's."""
         super().__init__()
         if dtype is not None:
             self.name = f"ours/{jnp.dtype(dtype).name}"
         self.batch_size = batch_size
         self.config = TrainConfig(seq_len=seq_len, batch_size=batch_size, lora_rank=lora_rank, lr_schedule="constant",
-                                  weights="random", seed=seed)
+                                  weights="random", seed=seed, precision=state_precision)
         self.model_config = model_config
         self.mesh = mesh.build_mesh(self.config.mesh)
         compute_dtype = dtype or precision.compute_dtype()

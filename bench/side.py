@@ -60,6 +60,10 @@ class Side(abc.ABC):
         """XLA's memory figures of the compiled step (jax CompiledMemoryStats), or None where unsupported."""
         return self._compiled.memory_analysis()
 
+    def hlo_text(self) -> str:
+        """The compiled step's optimized HLO (what a profile's operations are named by)."""
+        return self._compiled.as_text()
+
     def cost_analysis(self) -> dict:
         """XLA's cost figures of the compiled step ("flops", "bytes accessed", ...); {} where unsupported."""
         costs = self._compiled.cost_analysis()

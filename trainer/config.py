@@ -33,7 +33,9 @@ def model_names() -> tuple[str, ...]:
 
 LR_SCHEDULES = ("cosine", "constant")
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.nn.precision's choice for the platform
-OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.run.step.build_optimizer)
+OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.run.optimizer)
+# What the trained weights and AdamW's state are kept in between steps (trainer.run.optimizer.PRECISIONS).
+PRECISIONS = ("float32", "lean")
 PRESETS = ("tiny", "tiny-chat")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
@@ -76,6 +78,7 @@ class TrainConfig:
     lora_weights: str | None = None  # a PEFT adapter directory the LoRA run starts from (trainer.hf.load)
     compute_dtype: str = "auto"
     optimizer_state_dtype: str = "float32"  # OPTIMIZER_STATE_DTYPES
+    precision: str = "float32"  # PRECISIONS
     attention: str = "auto"  # ATTENTIONS
     remat: str = "auto"  # REMATS
     vocab_chunk: str = "auto"  # auto, none or a number of vocabulary rows (trainer.run.vocab_chunk)
@@ -264,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--optimizer-state-dtype", choices=OPTIMIZER_STATE_DTYPES, help="dtype of AdamW's first moment: bfloat16 saves 2 bytes a "
         "trained parameter (a fifth of a full fine-tune's state with the float32 masters); the second moment stays float32, since "
         f"squared gradients span more range than bfloat16's 8 mantissa bits keep (default {d.optimizer_state_dtype})")
+    add("--precision", choices=PRECISIONS, help="what the trained weights and AdamW's state are kept in between steps: float32 "
+        "(16 bytes a trained parameter with the gradients) or lean (bfloat16 weights, gradients and both moments, 8 bytes, each "
+        "update rounded stochastically so that small steps are not lost; --optimizer-state-dtype does not apply). Lean fits a full "
+        f"fine-tune twice the size in the same memory (docs/fit.md has its quality figures) (default {d.precision})")
     add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row), splash (the TPU kernel, "
         "block-sparse over documents and Gemma 3's sliding window) or flash (the GPU kernel, the same without the [L, L] mask); "
         f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")

@@ -48,6 +48,7 @@ def _latest_checkpoint_params(config, run: dict, model_config):
 
     from trainer.model import models
     from trainer.run import checkpoint, step
+    from trainer.run import optimizer as optimizer_lib
 
     directory = checkpoint.absolute_path(run["checkpoint_dir"])
     if not directory.exists():
@@ -60,7 +61,7 @@ def _latest_checkpoint_params(config, run: dict, model_config):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     shard = lambda tree: jax.tree.map(lambda _: device, tree)  # noqa: E731
     trained, frozen = models.initial_params(config, model_config, shard, resuming=True)
-    optimizer = step.build_optimizer(step.optimizer_config(config, total_steps=run.get("total_steps") or 1))
+    optimizer = optimizer_lib.build_optimizer(optimizer_lib.optimizer_config(config, total_steps=run.get("total_steps") or 1))
     abstract = step.abstract_state(trained, optimizer, state_shardings_fn=shard)
     restored = manager.restore(latest, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
     manager.close()

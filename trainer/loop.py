@@ -11,6 +11,7 @@ import json
 import math
 import pathlib
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +20,10 @@ from trainer import shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
 from trainer.run import checkpoint, mesh, step
+from trainer.run import optimizer as optimizer_lib
 from trainer import export
 
-from trainer.measure import flops
+from trainer.measure import flops, step_profile
 from trainer.data import loader as data_lib
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -133,7 +135,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             reporter.text("samples/before", start_step, sample(state))
         loop = _StepLoop(
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
-            checkpointer=checkpointer, reporter=reporter, schedule=step.learning_rate_schedule(run_step.optimizer_config), inputs=inputs,
+            checkpointer=checkpointer, reporter=reporter, schedule=optimizer_lib.learning_rate_schedule(run_step.optimizer_config), inputs=inputs,
             throughput=ThroughputMeter(
                 positions_per_step=positions_per_step,
                 flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
@@ -247,6 +249,7 @@ class _StepLoop:
     preemption: PreemptionNotice
     last_good_checkpoint: int | None = None
     data_stated: bool = False
+    _profile_started: float = 0.0
 
     def run(self, state, train_batches, start_step: int):
         config = self.config
@@ -323,14 +326,28 @@ class _StepLoop:
             )
 
     def _profile(self, run_step: int, *, before: bool, metrics=None) -> None:
-        """Traces PROFILE_STEPS of this run into --profile-dir."""
+        """Traces PROFILE_STEPS of this run into --profile-dir, then prints where their time went
+        (trainer.measure.step_profile) and leaves the step's HLO beside the trace as step.hlo."""
         if not self.config.profile_dir:
             return
         if before and run_step == PROFILE_STEPS.start:
             jax.profiler.start_trace(self.config.profile_dir)
+            self._profile_started = time.perf_counter()
         elif not before and run_step == PROFILE_STEPS[-1]:
             jax.block_until_ready(metrics)
             jax.profiler.stop_trace()
+            step_s = (time.perf_counter() - self._profile_started) / len(PROFILE_STEPS)
+            if "://" in self.config.profile_dir:
+                self.reporter.text("profile", run_step, "the trace is in --profile-dir; the table of where its time "
+                                   "went is printed for a local --profile-dir only")
+                return
+            hlo = self.functions.train.as_text()
+            if jax.process_index() == 0:
+                with shared_files.replaced_atomically(pathlib.Path(self.config.profile_dir) / "step.hlo") as temporary:
+                    temporary.write_text(hlo)
+            rows = step_profile.profile_table(self.config.profile_dir, hlo, steps=len(PROFILE_STEPS), step_s=step_s)
+            self.reporter.text("profile", run_step, step_profile.format_table(
+                rows, title=f"where the time of steps {PROFILE_STEPS.start}-{PROFILE_STEPS[-1]} went ({step_s * 1e3:.1f} ms a step)"))
 
 
 def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer, publish_dir: str | None = None) -> None:

@@ -13,6 +13,7 @@ from trainer.measure import memory
 
 from trainer.model import models
 from trainer.run import mesh, step
+from trainer.run import optimizer as optimizer_lib
 from trainer.nn import sharding
 from trainer.config import TrainConfig
 from trainer.errors import UserError
@@ -41,7 +42,7 @@ def _estimate(config, *, lora_rank: int) -> dict:
 
 
 def _optimizer_state(params):
-    optimizer = step.build_optimizer(step.OptimizerConfig(lr=1e-5, lr_schedule="cosine", warmup_steps=0, total_steps=10,
+    optimizer = optimizer_lib.build_optimizer(optimizer_lib.OptimizerConfig(lr=1e-5, lr_schedule="cosine", warmup_steps=0, total_steps=10,
                                                           weight_decay=0.0, grad_clip=1.0))  # fmt: skip
     return jax.eval_shape(optimizer.init, params)
 

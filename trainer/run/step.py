@@ -1,6 +1,7 @@
-"""The optimizer and the jit-compiled train and eval steps.
+"""The jit-compiled train and eval steps, around the optimizer (trainer.run.optimizer).
 
-State = {"step", "params" (the trained float32 masters: all weights, or only the LoRA adapters),
+State = {"step", "params" (the trained masters, float32 or with --precision lean bfloat16: all weights,
+or only the LoRA adapters),
 "opt_state"}; with LoRA the frozen base weights travel beside it in the compute dtype, not donated,
 not checkpointed (they are reloaded from --weights). A full fine-tune has no frozen tree: None.
 """
@@ -23,57 +24,9 @@ from trainer.model import models
 from trainer.nn import loss
 from trainer.run import hbm, mesh, vocab_chunk
 from trainer.run import compile_answers
+from trainer.run.optimizer import Optimizer, OptimizerConfig, build_optimizer, optimizer_config
 
 State = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimizerConfig:
-    lr: float
-    lr_schedule: str  # cosine | constant (after the linear warmup)
-    warmup_steps: int
-    total_steps: int
-    weight_decay: float
-    grad_clip: float
-    state_dtype: str = "float32"  # AdamW's first moment (--optimizer-state-dtype)
-
-
-def optimizer_config(config, *, total_steps: int) -> OptimizerConfig:
-    """The optimizer of `config` (the run's TrainConfig) with a schedule of `total_steps`."""
-    return OptimizerConfig(lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
-                           weight_decay=config.weight_decay, grad_clip=config.grad_clip, state_dtype=config.optimizer_state_dtype)
-
-
-def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
-    """The rate of each step, by optimizer count (step 1 is count 0).
-
-    Warmup rises linearly over the first `warmup_steps` steps, from lr/warmup_steps at step 1 to lr
-    at step `warmup_steps`: no step trains at rate 0 (optax's warmup schedules start at 0, which
-    would waste step 1 and report the initial weights' loss as its result). Then cosine decay to 0
-    at `total_steps`, or a constant rate.
-    """
-    warmup = min(config.warmup_steps, config.total_steps)
-    if config.lr_schedule == "cosine":
-        after_warmup = optax.cosine_decay_schedule(config.lr, decay_steps=max(config.total_steps - warmup, 1))
-    else:
-        after_warmup = optax.constant_schedule(config.lr)
-    if not warmup:
-        return after_warmup
-    ramp = optax.linear_schedule(config.lr / warmup, config.lr, transition_steps=warmup - 1)
-    return optax.join_schedules([ramp, after_warmup], [warmup])
-
-
-def build_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping; weight decay on matrices only (not norms' scales)."""
-    return optax.chain(
-        optax.clip_by_global_norm(config.grad_clip),
-        optax.adamw(
-            learning_rate_schedule(config),
-            weight_decay=config.weight_decay,
-            mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
-            mu_dtype=jnp.dtype(config.state_dtype),
-        ),
-    )
 
 
 def model_params(trained, frozen):
@@ -97,7 +50,7 @@ class StepFunctions:
 
 def make_step_functions(
     model,
-    optimizer: optax.GradientTransformation,
+    optimizer: Optimizer,
     *,
     compute_dtype,
     softcap: float | None,
@@ -115,15 +68,11 @@ def make_step_functions(
 
     def train(state: State, frozen, batch):
         mean, grads = jax.value_and_grad(mean_loss)(state["params"], frozen, batch)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-        new_state = {
-            "step": state["step"] + 1,
-            "params": optax.apply_updates(state["params"], updates),
-            "opt_state": opt_state,
-        }
+        params, opt_state = optimizer.apply(grads, state["opt_state"], state["params"])
+        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
         metrics = {
             "loss": mean,
-            "grad_norm": optax.tree.norm(grads),
+            "grad_norm": optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads)),
             "tokens": jnp.sum(batch["segment_ids"] > 0),  # non-padding
         }
         return new_state, metrics
@@ -137,19 +86,20 @@ def make_step_functions(
     )
 
 
-def fresh_state(params, optimizer: optax.GradientTransformation) -> State:
-    """The state before step 1: the float32 `params` and the optimizer's initial state for them."""
+def fresh_state(params, optimizer: Optimizer) -> State:
+    """The state before step 1: `params` in the optimizer's dtype and its initial state for them."""
+    params = jax.tree.map(lambda p: p.astype(optimizer.param_dtype), params)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
 
 
-def init_state(params, optimizer: optax.GradientTransformation, *, state_shardings_fn: Callable) -> State:
+def init_state(params, optimizer: Optimizer, *, state_shardings_fn: Callable) -> State:
     """fresh_state, built sharded by `state_shardings_fn(tree)`; `params` is donated."""
     build = functools.partial(fresh_state, optimizer=optimizer)
     shardings = state_shardings_fn(jax.eval_shape(build, params))
     return jax.jit(build, out_shardings=shardings, donate_argnums=0)(params)
 
 
-def abstract_state(params, optimizer: optax.GradientTransformation, *, state_shardings_fn: Callable) -> State:
+def abstract_state(params, optimizer: Optimizer, *, state_shardings_fn: Callable) -> State:
     """What init_state would build, as shapes, dtypes and shardings only: the target a checkpoint is
     restored into. `params` may be shapes too."""
     shapes = jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), params)
@@ -163,7 +113,7 @@ class RunStep:
     `python -m workloads fit` compiles the same for a TPU slice (trainer.measure.compiled)."""
 
     model: Any
-    optimizer: optax.GradientTransformation
+    optimizer: Optimizer
     optimizer_config: OptimizerConfig
     compute_dtype: Any
     device_mesh: Any

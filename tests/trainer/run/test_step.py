@@ -8,43 +8,44 @@ from jax.sharding import PartitionSpec
 
 from trainer.model import models
 from trainer.run import mesh, step
+from trainer.run import optimizer as optimizer_lib
 from trainer.nn import sharding
 from trainer.errors import UserError
 
 
 def _optimizer_config(**overrides):
     values = dict(lr=1e-3, lr_schedule="cosine", warmup_steps=10, total_steps=100, weight_decay=0.1, grad_clip=1.0)
-    return step.OptimizerConfig(**{**values, **overrides})
+    return optimizer_lib.OptimizerConfig(**{**values, **overrides})
 
 
 def test_learning_rate_warms_up_linearly_from_a_non_zero_first_step_then_decays_to_zero_or_stays():
-    cosine = step.learning_rate_schedule(_optimizer_config())  # lr 1e-3, warmup 10 of 100 steps
+    cosine = optimizer_lib.learning_rate_schedule(_optimizer_config())  # lr 1e-3, warmup 10 of 100 steps
     # Step s trains at schedule(s - 1): step 1 at lr/10, step 10 at lr.
     assert float(cosine(0)) == pytest.approx(1e-4) and float(cosine(5)) == pytest.approx(6e-4)
     assert float(cosine(9)) == pytest.approx(1e-3) and float(cosine(10)) == pytest.approx(1e-3)
     assert float(cosine(55)) == pytest.approx(5e-4, rel=1e-3) and float(cosine(100)) == pytest.approx(0, abs=1e-9)
     assert 0 < float(cosine(99)) < 1e-6  # the last step still trains
-    constant = step.learning_rate_schedule(_optimizer_config(lr_schedule="constant"))
+    constant = optimizer_lib.learning_rate_schedule(_optimizer_config(lr_schedule="constant"))
     assert float(constant(0)) == pytest.approx(1e-4) and float(constant(5)) == pytest.approx(6e-4)
     assert float(constant(9)) == float(constant(99)) == pytest.approx(1e-3)
-    no_warmup = step.learning_rate_schedule(_optimizer_config(lr_schedule="constant", warmup_steps=0))
+    no_warmup = optimizer_lib.learning_rate_schedule(_optimizer_config(lr_schedule="constant", warmup_steps=0))
     assert float(no_warmup(0)) == pytest.approx(1e-3)
-    one_step_warmup = step.learning_rate_schedule(_optimizer_config(warmup_steps=1))
+    one_step_warmup = optimizer_lib.learning_rate_schedule(_optimizer_config(warmup_steps=1))
     assert float(one_step_warmup(0)) == pytest.approx(1e-3)
 
 
 def test_warmup_longer_than_the_run_is_accepted():
-    schedule = step.learning_rate_schedule(_optimizer_config(warmup_steps=50, total_steps=20))
+    schedule = optimizer_lib.learning_rate_schedule(_optimizer_config(warmup_steps=50, total_steps=20))
     assert 0 < float(schedule(0)) < float(schedule(19)) == pytest.approx(1e-3)  # the warmup ends with the run
 
 
 def test_weight_decay_pulls_matrices_but_not_norm_scales():
-    optimizer = step.build_optimizer(_optimizer_config(lr=1.0, warmup_steps=0, lr_schedule="constant", weight_decay=0.5))
+    optimizer = optimizer_lib.build_optimizer(_optimizer_config(lr=1.0, warmup_steps=0, lr_schedule="constant", weight_decay=0.5))
     params = {"linear": jnp.ones((4, 4)), "norm": {"scale": jnp.ones((4,))}}
     zero_grads = jax.tree.map(jnp.zeros_like, params)
-    updates, _ = optimizer.update(zero_grads, optimizer.init(params), params)
-    np.testing.assert_allclose(updates["linear"], -0.5 * np.ones((4, 4)))
-    np.testing.assert_array_equal(updates["norm"]["scale"], np.zeros(4))
+    updated, _ = optimizer.apply(zero_grads, optimizer.init(params), params)
+    np.testing.assert_allclose(updated["linear"], 0.5 * np.ones((4, 4)))
+    np.testing.assert_array_equal(updated["norm"]["scale"], np.ones(4))
 
 
 def test_bfloat16_optimizer_state_halves_the_first_moment_and_updates_as_float32_does():
@@ -52,10 +53,11 @@ def test_bfloat16_optimizer_state_halves_the_first_moment_and_updates_as_float32
     grads = jax.tree.map(lambda p: 1e-2 * jax.random.normal(jax.random.key(1), p.shape), params)
     updates = {}
     for dtype in ("float32", "bfloat16"):
-        optimizer = step.build_optimizer(_optimizer_config(warmup_steps=0, state_dtype=dtype))
+        optimizer = optimizer_lib.build_optimizer(_optimizer_config(warmup_steps=0, state_dtype=dtype))
         state = optimizer.init(params)
         for _ in range(3):
-            updates[dtype], state = optimizer.update(grads, state, params)
+            updated, state = optimizer.apply(grads, state, params)
+            updates[dtype] = jax.tree.map(jnp.subtract, updated, params)
         adam = state[1][0]
         assert {leaf.dtype for leaf in jax.tree.leaves(adam.mu)} == {jnp.dtype(dtype)}
         assert {leaf.dtype for leaf in jax.tree.leaves(adam.nu)} == {jnp.dtype("float32")}  # the second moment stays
@@ -68,15 +70,15 @@ def test_the_run_flag_sets_the_optimizer_state_dtype():
     from trainer.config import parse_config
 
     config = parse_config(["--model", "gemma3-270m", "--weights", "random", "--data", "x", "--optimizer-state-dtype", "bfloat16"])
-    assert step.optimizer_config(config, total_steps=10).state_dtype == "bfloat16"
-    assert step.optimizer_config(parse_config(["--model", "gemma3-270m", "--weights", "random", "--data", "x"]), total_steps=10).state_dtype == "float32"
+    assert optimizer_lib.optimizer_config(config, total_steps=10).state_dtype == "bfloat16"
+    assert optimizer_lib.optimizer_config(parse_config(["--model", "gemma3-270m", "--weights", "random", "--data", "x"]), total_steps=10).state_dtype == "float32"
 
 
 def test_train_step_donates_the_state_and_updates_the_float32_masters():
     config = models.model_config("tiny", vocab_size=64)
     model = models.build_model(config, dtype=jnp.float32)
     params = models.init_params(config, seed=0)
-    optimizer = step.build_optimizer(_optimizer_config(lr=1e-2, warmup_steps=0))
+    optimizer = optimizer_lib.build_optimizer(_optimizer_config(lr=1e-2, warmup_steps=0))
     state = step.init_state(params, optimizer, state_shardings_fn=lambda tree: None)
     functions = step.make_step_functions(model, optimizer, compute_dtype=jnp.float32, softcap=None, vocab_chunk=None)
     tokens = np.arange(2 * 16, dtype=np.int32).reshape(2, 16) % 60 + 4

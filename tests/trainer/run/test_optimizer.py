@@ -1,0 +1,87 @@
+"""The lean precision's optimizer: stochastic rounding that keeps small steps, AdamW's arithmetic, 8 bytes a parameter."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from trainer.run import optimizer as optimizer_lib
+
+
+def _config(**overrides):
+    values = dict(lr=1e-3, lr_schedule="constant", warmup_steps=0, total_steps=100, weight_decay=0.1, grad_clip=1.0)
+    return optimizer_lib.OptimizerConfig(**{**values, **overrides})
+
+
+def test_stochastic_rounding_is_exact_on_average_where_round_to_nearest_loses_the_step():
+    value = jnp.full((200_000,), 1.0 + 1e-4, jnp.float32)  # 1e-4 is under bfloat16's spacing at 1 (2^-7)
+    noise = jax.random.bits(jax.random.key(0), value.shape, jnp.uint32)
+    rounded = optimizer_lib.round_stochastically(value, noise)
+    assert rounded.dtype == jnp.bfloat16
+    assert set(np.unique(np.asarray(rounded, np.float32))) == {1.0, 1.0078125}  # the two neighbours only
+    assert float(jnp.mean(rounded.astype(jnp.float32))) == pytest.approx(1.0 + 1e-4, abs=2e-5)
+    assert float(jnp.mean(value.astype(jnp.bfloat16).astype(jnp.float32))) == 1.0  # round-to-nearest: the step is lost
+    exact = jnp.array([1.0, -2.5, 0.0, 2.0**120], jnp.float32)  # values bfloat16 holds stay as they are, whatever the noise
+    for seed in range(4):
+        noise = jax.random.bits(jax.random.key(seed), exact.shape, jnp.uint32)
+        np.testing.assert_array_equal(optimizer_lib.round_stochastically(exact, noise).astype(jnp.float32), exact)
+
+
+def _steps(optimizer, params, grads_by_step):
+    state = optimizer.init(params)
+    for grads in grads_by_step:
+        params, state = optimizer.apply(grads, state, params)
+    return params, state
+
+
+def test_lean_adamw_follows_optax_adamw_within_bfloat16_rounding_and_keeps_8_bytes_a_parameter():
+    key = jax.random.key(0)
+    params = {"linear": jax.random.normal(key, (256, 256)), "norm": {"scale": jnp.ones((256,))}}
+    grads_by_step = [jax.tree.map(lambda p, i=i: 3e-2 * jax.random.normal(jax.random.key(i + 1), p.shape), params) for i in range(20)]
+    start = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    want, _ = _steps(optimizer_lib.build_optimizer(_config()), jax.tree.map(lambda p: p.astype(jnp.float32), start), grads_by_step)
+    lean = optimizer_lib.build_optimizer(_config(precision="lean"))
+    assert lean.param_dtype == jnp.bfloat16
+    got, state = _steps(lean, start, [jax.tree.map(lambda g: g.astype(jnp.bfloat16), g) for g in grads_by_step])
+    assert {leaf.dtype for leaf in jax.tree.leaves((got, state["mu"], state["nu"]))} == {jnp.dtype(jnp.bfloat16)}
+    for name, g, w, p in zip(("linear", "scale"), jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(start)):
+        want_moved = np.asarray(w) - np.asarray(p, np.float32)
+        got_moved = np.asarray(g, np.float32) - np.asarray(p, np.float32)
+        # 20 steps of lr 1e-3 move each weight ~0.02, a few of bfloat16's spacings near 1: round-to-nearest
+        # would lose most single steps. Each lean weight is noisier, but the update's direction and size are
+        # float32's: its projection on float32's movement is whole.
+        assert np.vdot(got_moved, want_moved) / np.vdot(want_moved, want_moved) == pytest.approx(1.0, abs=0.1), name
+        difference = got_moved - want_moved  # no drift: its mean within 4 standard errors of 0
+        assert abs(np.mean(difference)) <= 4 * np.std(difference) / np.sqrt(difference.size), name
+
+
+def test_lean_weight_decay_pulls_matrices_but_not_norm_scales():
+    optimizer = optimizer_lib.build_optimizer(_config(lr=1.0, weight_decay=0.5, precision="lean"))
+    params = {"linear": jnp.ones((4, 4), jnp.bfloat16), "norm": {"scale": jnp.ones((4,), jnp.bfloat16)}}
+    updated, _ = optimizer.apply(jax.tree.map(jnp.zeros_like, params), optimizer.init(params), params)
+    np.testing.assert_array_equal(np.asarray(updated["linear"], np.float32), 0.5 * np.ones((4, 4)))
+    np.testing.assert_array_equal(np.asarray(updated["norm"]["scale"], np.float32), np.ones(4))
+
+
+def test_lean_clips_by_the_global_norm_as_float32_does():
+    params = {"w": jnp.zeros((8, 8))}
+    huge = {"w": jnp.full((8, 8), 100.0)}
+    want, _ = _steps(optimizer_lib.build_optimizer(_config(weight_decay=0.0)), params, [huge])
+    got, state = _steps(optimizer_lib.build_optimizer(_config(weight_decay=0.0, precision="lean")),
+                        jax.tree.map(lambda p: p.astype(jnp.bfloat16), params), [jax.tree.map(lambda g: g.astype(jnp.bfloat16), huge)])
+    # Adam's first step is lr * sign(g) whatever the clip, so the moments show the clip: mu = 0.1 * g * 1 / ||g||.
+    np.testing.assert_allclose(np.asarray(got["w"], np.float32), np.asarray(want["w"]), rtol=1e-2)
+    np.testing.assert_allclose(np.asarray(state["mu"]["w"], np.float32), 0.1 * 100.0 / np.linalg.norm(np.full(64, 100.0)), rtol=1e-2)
+
+
+def test_float32_precision_is_optax_adamw():
+    params = {"w": jax.random.normal(jax.random.key(3), (16, 16))}
+    grads = [{"w": jax.random.normal(jax.random.key(4 + i), (16, 16))} for i in range(3)]
+    got, _ = _steps(optimizer_lib.build_optimizer(_config()), params, grads)
+    transform = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.1))
+    state, want = transform.init(params), params
+    for g in grads:
+        updates, state = transform.update(g, state, want)
+        want = optax.apply_updates(want, updates)
+    np.testing.assert_allclose(got["w"], want["w"], rtol=1e-6, atol=1e-7)

@@ -1,0 +1,143 @@
+"""The optimizer: AdamW with global-norm clipping and a warmup-then-decay rate, in one of two precisions.
+
+- "float32" (the default): float32 weights and second moment (16 bytes a parameter with the gradients;
+  `--optimizer-state-dtype bfloat16` stores the first moment in bfloat16), optax's AdamW.
+- "lean" (`--precision lean`): weights, gradients and both moments in bfloat16, 8 bytes a parameter.
+  Each new value is computed in float32 and rounded to bfloat16 stochastically (up or down with the
+  probabilities that make the rounding exact on average), so that an update below bfloat16's spacing
+  is not lost as round-to-nearest loses it (at lr 2e-5 most of them: REFERENCE.md section 4), and the
+  second moment's 0.1% a step still moves. The update is one elementwise pass over each weight.
+
+`Optimizer.apply(grads, state, params) -> (params, state)` is what the train step calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PRECISIONS = ("float32", "lean")
+B1, B2, EPS = 0.9, 0.999, 1e-8  # optax.adamw's defaults, which both precisions use
+_LOW_HALF = 0xFFFF
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    lr: float
+    lr_schedule: str  # cosine | constant (after the linear warmup)
+    warmup_steps: int
+    total_steps: int
+    weight_decay: float
+    grad_clip: float
+    state_dtype: str = "float32"  # AdamW's first moment (--optimizer-state-dtype), float32 precision
+    precision: str = "float32"  # PRECISIONS (--precision)
+    seed: int = 0  # of the stochastic rounding's bits (lean)
+
+
+def optimizer_config(config, *, total_steps: int) -> OptimizerConfig:
+    """The optimizer of `config` (the run's TrainConfig) with a schedule of `total_steps`."""
+    return OptimizerConfig(lr=config.lr, lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps, total_steps=total_steps,
+                           weight_decay=config.weight_decay, grad_clip=config.grad_clip, state_dtype=config.optimizer_state_dtype,
+                           precision=config.precision, seed=config.seed)
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """The rate of each step, by optimizer count (step 1 is count 0).
+
+    Warmup rises linearly over the first `warmup_steps` steps, from lr/warmup_steps at step 1 to lr
+    at step `warmup_steps`: no step trains at rate 0 (optax's warmup schedules start at 0, which
+    would waste step 1 and report the initial weights' loss as its result). Then cosine decay to 0
+    at `total_steps`, or a constant rate.
+    """
+    warmup = min(config.warmup_steps, config.total_steps)
+    if config.lr_schedule == "cosine":
+        after_warmup = optax.cosine_decay_schedule(config.lr, decay_steps=max(config.total_steps - warmup, 1))
+    else:
+        after_warmup = optax.constant_schedule(config.lr)
+    if not warmup:
+        return after_warmup
+    ramp = optax.linear_schedule(config.lr / warmup, config.lr, transition_steps=warmup - 1)
+    return optax.join_schedules([ramp, after_warmup], [warmup])
+
+
+def _decayed(params):
+    """Weight decay on matrices only (not norms' scales)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """`init(params) -> state`; `apply(grads, state, params) -> (new params, new state)`; `param_dtype`:
+    the dtype the trained weights are kept in between steps."""
+
+    init: Callable[[Any], Any]
+    apply: Callable[[Any, Any, Any], tuple[Any, Any]]
+    param_dtype: Any
+
+
+def build_optimizer(config: OptimizerConfig) -> Optimizer:
+    return _lean_adamw(config) if config.precision == "lean" else _float32_adamw(config)
+
+
+def _float32_adamw(config: OptimizerConfig) -> Optimizer:
+    transform = optax.chain(
+        optax.clip_by_global_norm(config.grad_clip),
+        optax.adamw(learning_rate_schedule(config), b1=B1, b2=B2, eps=EPS, weight_decay=config.weight_decay, mask=_decayed,
+                    mu_dtype=jnp.dtype(config.state_dtype)),
+    )
+
+    def apply(grads, state, params):
+        updates, state = transform.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    return Optimizer(transform.init, apply, jnp.float32)
+
+
+def round_stochastically(value: jax.Array, noise: jax.Array) -> jax.Array:
+    """float32 `value` as bfloat16, rounded up with probability (the dropped low 16 bits) / 2^16: adds
+    `noise` (uniform in [0, 2^16), uint32) to the bit pattern and truncates. Exact on average."""
+    bits = jax.lax.bitcast_convert_type(value.astype(jnp.float32), jnp.uint32)
+    rounded = (bits + (noise & _LOW_HALF)) & ~jnp.uint32(_LOW_HALF)
+    return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(jnp.bfloat16)
+
+
+def _lean_adamw(config: OptimizerConfig) -> Optimizer:
+    schedule = learning_rate_schedule(config)
+
+    def init(params):
+        zeros = lambda p: jnp.zeros(p.shape, jnp.bfloat16)  # noqa: E731
+        return {"count": jnp.zeros((), jnp.int32), "mu": jax.tree.map(zeros, params), "nu": jax.tree.map(zeros, params)}
+
+    def apply(grads, state, params):
+        count = state["count"] + 1
+        norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
+        clip = jnp.minimum(1.0, config.grad_clip / jnp.maximum(norm, 1e-30))
+        rate = schedule(state["count"])
+        first_correction, second_correction = 1 - B1 ** count, 1 - B2 ** count
+        # One 32-bit draw a value feeds two roundings (its halves), a second draw the third.
+        key = jax.random.fold_in(jax.random.key(config.seed, impl="rbg"), count)
+        leaves, treedef = jax.tree.flatten(params)
+        keys = iter(jax.random.split(key, 2 * len(leaves)))
+
+        def update(param, grad, mu, nu, decayed):
+            grad = grad.astype(jnp.float32) * clip
+            mu = B1 * mu.astype(jnp.float32) + (1 - B1) * grad
+            nu = B2 * nu.astype(jnp.float32) + (1 - B2) * grad * grad
+            step = (mu / first_correction) / (jnp.sqrt(nu / second_correction) + EPS)
+            if decayed:
+                step = step + config.weight_decay * param.astype(jnp.float32)
+            first, second = (jax.random.bits(next(keys), param.shape, jnp.uint32) for _ in range(2))
+            return (round_stochastically(param.astype(jnp.float32) - rate * step, first),
+                    round_stochastically(mu, first >> 16), round_stochastically(nu, second))
+
+        flat = [update(*parts) for parts in zip(leaves, treedef.flatten_up_to(grads), treedef.flatten_up_to(state["mu"]),
+                                                treedef.flatten_up_to(state["nu"]), treedef.flatten_up_to(_decayed(params)))]
+        new_params, mu, nu = (treedef.unflatten([parts[i] for parts in flat]) for i in range(3))
+        return new_params, {"count": count, "mu": mu, "nu": nu}
+
+    return Optimizer(init, apply, jnp.bfloat16)

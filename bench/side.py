@@ -49,6 +49,10 @@ class Side(abc.ABC):
     def wait(self) -> None:
         jax.block_until_ready(self._last)
 
+    def last_output(self):
+        """What the last step returned beside the state (ours: its metrics, the loss among them)."""
+        return self._last
+
     def truncated_fraction(self) -> float:
         """Share of the documents' tokens this side has dropped rather than trained on."""
         return 0.0

@@ -33,6 +33,7 @@ _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permut
 _MATMULS = ("convolution", "dot")
 _MOVES = {"copy", "transpose", "copy-start", "copy-done", "bitcast", "reshape", "broadcast", "parameter", "tuple",
           "get-tuple-element", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad"}
+_CONTROL = {"while", "call", "conditional"}
 # Stats a TPU trace attaches to an operation's event, when it does.
 _FLOPS_STATS, _BYTES_STATS = ("flops", "model_flops"), ("bytes_accessed", "bytes accessed")
 
@@ -46,7 +47,8 @@ class OpEvent:
 
 
 def categories(hlo: str) -> dict[str, str]:
-    """HLO instruction name -> its category, for every instruction of the compiled program."""
+    """HLO instruction name -> its category, for every instruction of the compiled program (None: control
+    flow, whose time its body's operations carry)."""
     computations, _ = hbm_traffic.parse(hlo)
     ops_in = {name: {instruction.op for instruction in body} for name, body in computations.items()}
     found = {}
@@ -58,7 +60,10 @@ def categories(hlo: str) -> dict[str, str]:
     return found
 
 
-def _category(instruction: hbm_traffic.Instruction, inner: set[str]) -> str:
+def _category(instruction: hbm_traffic.Instruction, inner: set[str]) -> str | None:
+    """None for control flow (a loop's, a call's event spans its body's operations, counted themselves)."""
+    if instruction.op in _CONTROL:
+        return None
     source = hbm_traffic.source(instruction)
     if instruction.op == "custom-call" and source.endswith(" attn"):
         return "attention kernel"
@@ -73,6 +78,13 @@ def _category(instruction: hbm_traffic.Instruction, inner: set[str]) -> str:
     if instruction.op in _MOVES or (inner and inner <= _MOVES):
         return "copies and transposes"
     return "elementwise and reductions"
+
+
+def _instruction_name(event_name: str) -> str:
+    """A TPU trace names an operation by its HLO text ("%fusion.3 = bf16[...] fusion(...)"), the CPU's by
+    its name alone."""
+    name = event_name.split(" = ", 1)[0] if " = " in event_name else event_name
+    return name.lstrip("%").strip()
 
 
 def _stat(stats: dict, names: tuple[str, ...]) -> float | None:
@@ -103,7 +115,7 @@ def read_trace(path: pathlib.Path) -> tuple[list[OpEvent], bool]:
     for plane in devices:
         for line in plane.lines:
             if line.name == "XLA Ops":
-                events = [OpEvent(event.name, event.duration_ns, _stat(dict(event.stats), _FLOPS_STATS),
+                events = [OpEvent(_instruction_name(event.name), event.duration_ns, _stat(dict(event.stats), _FLOPS_STATS),
                                   _stat(dict(event.stats), _BYTES_STATS)) for event in line.events]
                 if events:
                     return events, True
@@ -130,10 +142,10 @@ class Row:
 def step_table(events: list[OpEvent], by_name: dict[str, str], *, steps: int, step_s: float | None,
                device_timeline: bool) -> list[Row]:
     """Rows per category, largest first, then the host gaps (device timeline and step time known).
-    Operations the step's HLO does not name (another program's) are left out."""
+    Operations the step's HLO does not name (another program's) and control flow are left out."""
     time, flops, moved = collections.Counter(), collections.Counter(), collections.Counter()
     for event in events:
-        category = by_name.get(event.name) or by_name.get(event.name.split(" ")[0])
+        category = by_name.get(event.name)
         if category is None:
             continue
         time[category] += event.duration_ns

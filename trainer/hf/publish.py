@@ -68,8 +68,8 @@ def check_publish_dir(publish_dir) -> None:
                             f"{str(error).splitlines()[0][:200]}); check the path and the credentials "
                             "(gcloud auth application-default login)") from None
         return
-    root = pathlib.Path(publish_dir).absolute()
-    existing = next(path for path in (root, *root.parents) if path.exists())
+    root = pathlib.Path(publish_dir)
+    existing = next(path for path in (root, *root.parents) if path.exists())  # "." or "/" at the latest
     if not existing.is_dir():
         raise UserError(f"--publish-dir {publish_dir}: {existing} is a file, not a folder; choose a folder to publish versions in")
 

@@ -12,8 +12,7 @@ from infra.queueing.kueue import KUEUE_VERSION
 from infra.platform import Platform, build
 from infra.pricing import tpu_cost_per_hour
 from infra.serving import ServingInfra
-from workloads.deploy import RunPlatform, TrainingRun, training_runs
-from workloads.serve import ServingDeployment
+from workloads.deploy import RunPlatform, ServingDeployment, TrainingRun, training_runs
 
 
 def deploy_runs(platform: Platform) -> list[TrainingRun]:
@@ -102,7 +101,8 @@ def deploy_serving(platform: Platform, runs: list[TrainingRun]) -> None:
                          after=platform.apis.services, opts=pulumi.ResourceOptions(providers=[platform.gcp_provider]))  # fmt: skip
     (run,) = [run for run_config, run in zip(config.runs, runs) if run_config.name == config.serving.run]
     served = ServingDeployment("serving", config=config, run=run, provider=platform.kubernetes_provider,
-                               after=[platform.namespace, cloud.identity.service_account, *cloud.ready], published=cloud.published)  # fmt: skip
+                               after=[platform.namespace, cloud.identity.service_account, *cloud.ready], listed=cloud.published,
+                               read=cloud.object_text)  # fmt: skip
     pulumi.export("serving", served.commands.apply(lambda commands: {**commands, "model": config.serving.run}))
     pulumi.export("servingSmoke", served.smoke if served.smoke is not None else "no replicas: scale up to get an answer")
 

@@ -20,7 +20,6 @@ from infra.cloud.storage import Buckets
 from infra.cloud.tpu_pools import scale_from_zero_pool
 
 
-
 class ServingInfra(Component):
     """`pool` (None on Autopilot, which provisions from the pods' selectors), `identity` (PodIdentity),
     `mirror` (None unless the image is on Docker Hub) and `metrics_adapter` (None without autoscaling);
@@ -80,6 +79,12 @@ class ServingInfra(Component):
             opts=pulumi.InvokeOutputOptions(parent=self, depends_on=[self._artifacts]),
         )  # fmt: skip
         return found.bucket_objects.apply(lambda objects: [found["name"] for found in objects or []])  # output types are dicts
+
+    def object_text(self, name: str) -> pulumi.Output[str | None]:
+        """The text of the artifacts bucket's object `name` (a version's marker), as read during `pulumi up`."""
+        found = gcp.storage.get_bucket_object_content_output(
+            bucket=self._artifacts.name, name=name, opts=pulumi.InvokeOutputOptions(parent=self, depends_on=[self._artifacts]))
+        return found.content
 
     def _pool(self, config: StackConfig, cluster: GkeCluster) -> gcp.container.NodePool:
         """One single-host slice a replica, from zero nodes up to the most replicas there can be and one

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from trainer import contract
 from trainer.data import chat, formats
 from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
@@ -94,6 +95,7 @@ class TrainConfig:
     log_format: str = "text"
     tensorboard_dir: str | None = None  # None: WORKDIR/tensorboard
     publish_dir: str | None = None  # where the final export is published for serving (trainer.hf.publish)
+    publish_parts: tuple[str, ...] = (contract.PUBLISHED_MODEL_DIR,)  # what a version holds (contract.SERVED_PARTS)
     profile_port: int | None = None
     profile_dir: str | None = None
     mesh: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1, "fsdp": 1})
@@ -188,6 +190,14 @@ def _positive_float(text: str) -> float:
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def _published_parts(text: str) -> tuple[str, ...]:
+    parts = tuple(part.strip() for part in text.split(","))
+    if not parts or any(part not in contract.PUBLISHED_PARTS for part in parts) or len(set(parts)) < len(parts):
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(contract.PUBLISHED_PARTS)}, comma-separated "
+                                         f"(e.g. base,adapter), got {text!r}")
+    return parts
 
 
 def _fraction(text: str) -> float:
@@ -297,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--profile-dir", help="write a profiler trace of a few early steps here")
     add("--publish-dir", help="publish the final Hugging Face export here as a new version, PUBLISH_DIR/<UTC stamp>-<run>/hf, "
         "the one serving follows (trainer.hf.publish); default: not published")
+    add("--publish-parts", type=_published_parts, help="what a published version holds: hf (the merged model) and, for a LoRA "
+        "run, base and adapter (the frozen base and the PEFT adapter, which vLLM serves with --enable-lora), exported to "
+        f"WORKDIR/export/<part> (default {','.join(d.publish_parts)})")
     add("--mesh", type=parse_mesh, help=f"device mesh axis sizes, -1 fills (default {format_mesh(d.mesh)})")
     add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
     add("--num-processes", type=_positive_int, help=f"number of processes (env {DISTRIBUTED_ENV['num_processes']})")
@@ -389,6 +402,9 @@ def _run_length(layers: list[dict[str, Any]]) -> dict[str, Any]:
 def _check_consistency(config: TrainConfig) -> None:
     if config.model == "tiny" and config.weights == "official":
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
+    if not config.lora_rank and set(config.publish_parts) - {contract.PUBLISHED_MODEL_DIR}:
+        raise UserError(f"--publish-parts {','.join(config.publish_parts)}: base and adapter are a LoRA run's; this run is a "
+                        "full fine-tune (no --lora-rank): publish hf")
     if config.lora_weights and not config.lora_rank:
         raise UserError(f"--lora-weights {config.lora_weights} continues a LoRA run: pass --lora-rank, the adapter's r")
     if config.preset is None:

@@ -23,13 +23,17 @@ LOG_EVENT_KEY = "event"
 REPORT_EVENT = "report"
 TEXT_EVENT = "text"
 
-# Published exports (trainer.hf.publish), which serving follows: PUBLISH_DIR/<version>/hf, a version
-# named <UTC stamp>-<run id> so that names sort by time. The workloads give the trainer
+# Published exports (trainer.hf.publish), which serving follows: PUBLISH_DIR/<version>/<part>, a
+# version named <UTC stamp>-<run id> so that names sort by time. The workloads give the trainer
 # --publish-dir <artifacts>/PUBLISHED_DIR/<run name>. A version is complete once its marker is there:
-# written last, after the version's folder is renamed into place. The rename is atomic in the stack's
-# hierarchical-namespace bucket, not in every filesystem (gcsfuse on a flat bucket copies object by
-# object); the marker says "whole" on any, and is the one object per version that serving lists.
+# written last, after every file of its parts, on any filesystem or bucket; the marker names the parts
+# the version holds and is the one object per version that serving lists and reads.
 PUBLISHED_DIR = "published"
 PUBLISHED_MODEL_DIR = "hf"
 PUBLISHED_MARKER_FILE = "published.json"
 PUBLISHED_STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+# What a version may hold: the merged model, or the frozen base and the PEFT adapter (trainer.export).
+PUBLISHED_PARTS = (PUBLISHED_MODEL_DIR, "base", "adapter")
+# The parts each gemma-tpu:serving.lora mode serves: what the served run publishes (--publish-parts)
+# and what a version must hold for serving to pick it.
+SERVED_PARTS = {"merged": (PUBLISHED_MODEL_DIR,), "adapter": ("base", "adapter")}

@@ -19,7 +19,7 @@ import os
 import pathlib
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -111,10 +111,13 @@ def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dty
         hf_tokenizer.write_tokenizer_files(tokenizer, directory)
 
 
-def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str) -> None:
+def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str,
+                  write: bool = True) -> None:
     """A PEFT LoRA adapter directory of the adapters' tree (trainer.model.models.adapters_only), into the existing `directory`."""
     write_safetensors(directory, adapters, hf_weights.lora_tensors(model_config.num_layers), dtype=DTYPES[dtype],
-                      stem="adapter_model", max_shard_bytes=sys.maxsize)
+                      stem="adapter_model", max_shard_bytes=sys.maxsize, write=write)
+    if not write:
+        return
     _write_json(directory / "adapter_config.json", {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -128,6 +131,13 @@ def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int,
         "use_rslora": False,
         "inference_mode": True,
     })
+
+
+def adapter_base_model(config: TrainConfig) -> str:
+    """What an adapter's base_model_name_or_path says: the published model it trained on, else where its base is."""
+    if config.weights == "official":
+        return HF_BASE_MODELS[config.model]
+    return f"the export of this run's base (--lora-export base): it trained on --weights {config.weights}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,9 +227,8 @@ def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> 
     with shared_files.replaced_atomically(out) as temporary:
         temporary.mkdir()
         if frozen is not None and lora_export == "adapter":
-            base = HF_BASE_MODELS[run.config.model] if run.config.weights == "official" else (
-                f"the export of this run's base (--lora-export base): it trained on --weights {run.config.weights}")
-            write_adapter(temporary, run.model_config, trained, rank=run.config.lora_rank, base_model=base, dtype=dtype)
+            write_adapter(temporary, run.model_config, trained, rank=run.config.lora_rank,
+                          base_model=adapter_base_model(run.config), dtype=dtype)
         else:
             params = trained if frozen is None else frozen if lora_export == "base" else models.merge_lora_into_base(
                 models.join_lora(frozen, trained))
@@ -229,17 +238,16 @@ def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> 
     return source
 
 
-def write_final_export(directory: pathlib.Path, params, *, model_config, tokenizer: tokenizer_lib.Tokenizer,
-                       dtype: str = "bfloat16") -> None:
-    """WORKDIR/export/hf at the end of a run: the plain tree `params` (LoRA merged in) of the run's
-    `model_config` and `tokenizer`, replacing an earlier export. Every process gathers, process 0
-    writes under a temporary name and renames it."""
+def write_final_export(directory: pathlib.Path, write: Callable[[pathlib.Path, bool], None]) -> None:
+    """WORKDIR/export/<part> at the end of a run, replacing an earlier export: `write(folder, is_main)`
+    fills the folder (every process gathers, process 0 writes), under a temporary name that process 0
+    then renames."""
     is_main = jax.process_index() == 0
     temporary = shared_files.temporary_sibling(directory)
     try:
         if is_main:
             temporary.mkdir(parents=True)
-        write_model(temporary, model_config, params, tokenizer, dtype=dtype, write=is_main)
+        write(temporary, is_main)
         if is_main:  # replacing the run's own earlier export, e.g. before it was resumed for more steps
             shared_files.replace_directory(directory, temporary)
     finally:
@@ -280,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish:
-        version = publish.publish(pathlib.Path(args.publish), publish.run_id(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
+        version = publish.publish(args.publish, publish.run_id(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
         print(f"trainer.export: published {version}")
 
 

@@ -22,6 +22,7 @@ from trainer.nn import precision
 from trainer.run import checkpoint, mesh, step
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
+from trainer.hf import publish
 
 from trainer.measure import flops, step_profile
 from trainer.data import loader as data_lib
@@ -79,6 +80,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"--workdir {config.workdir}: cannot use it ({error.strerror}); choose a directory this job can write") from None
+    if config.publish_dir is not None:
+        publish.check_publish_dir(config.publish_dir)
     if config.profile_port:
         jax.profiler.start_server(config.profile_port)
 
@@ -148,7 +151,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             checkpointer.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sample(state))
-    export_final(workdir, state, frozen, model_config=model_config, tokenizer=inputs.tokenizer, publish_dir=config.publish_dir)
+    export_final(workdir, state, frozen, config=config, model_config=model_config, tokenizer=inputs.tokenizer)
     if is_main:
         plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
     return final_metrics
@@ -350,32 +353,52 @@ class _StepLoop:
                 rows, title=f"where the time of steps {PROFILE_STEPS.start}-{PROFILE_STEPS[-1]} went ({step_s * 1e3:.1f} ms a step)"))
 
 
-def export_final(workdir: pathlib.Path, state, frozen, *, model_config, tokenizer, publish_dir: str | None = None) -> None:
+def export_final(workdir: pathlib.Path, state, frozen, *, config: TrainConfig, model_config, tokenizer) -> None:
     """WORKDIR/export/params: a plain Gemma tree (trainer.model.params_io; gemma's gm.ckpts.load_params reads it too) (LoRA merged in);
     with LoRA also WORKDIR/export/lora, the adapters alone; and WORKDIR/export/hf, the same model as a
-    Hugging Face directory (bfloat16) that serving stacks load, published as a new version to
-    `publish_dir` when given (process 0; trainer.hf.publish). A failed HF export or publication only
-    warns: the weights are safe in export/params, and `python -m trainer.export` writes it again."""
-    from trainer import export  # trainer.export reads runs through this module
-    from trainer.hf import publish
-
+    Hugging Face directory (bfloat16) that serving stacks load, with WORKDIR/export/base and adapter
+    when --publish-parts asks for them. They are published as a new version to --publish-dir when
+    given (process 0; trainer.hf.publish), unless a version of this run at this step already holds
+    them (a relaunch of a finished run trains nothing and publishes nothing). A failed HF export or
+    publication only warns: the weights are safe in export/params, and `python -m trainer.export`
+    writes it again."""
     export_dir = workdir / "export"
     if frozen is not None:
         checkpoint.export_params(state["params"], export_dir / "lora")
     base = jax.tree.map(lambda p: p.astype(jnp.float32), frozen)
     merged = models.merge_lora_into_base(step.model_params(state["params"], base))
     checkpoint.export_params(merged, export_dir / "params")
+    writers = {
+        "hf": lambda folder, write: export.write_model(folder, model_config, merged, tokenizer, dtype="bfloat16", write=write),
+        "base": lambda folder, write: export.write_model(folder, model_config, frozen, tokenizer, dtype="bfloat16", write=write),
+        "adapter": lambda folder, write: export.write_adapter(folder, model_config, state["params"], rank=config.lora_rank,
+                                                              base_model=export.adapter_base_model(config), dtype="bfloat16",
+                                                              write=write),
+    }  # fmt: skip
+    parts = tuple(dict.fromkeys(("hf", *config.publish_parts)))  # hf always: what `trainer.export` and users read
     try:
-        export.write_final_export(export_dir / "hf", merged, model_config=model_config, tokenizer=tokenizer)
+        for part in parts:
+            export.write_final_export(export_dir / part, writers[part])
     except (OSError, UserError) as error:
-        checkpoint.print_warning(f"{export_dir / 'hf'}: the Hugging Face export failed ({error}); the weights are in "
+        checkpoint.print_warning(f"{export_dir}: the Hugging Face export failed ({error}); the weights are in "
                                  f"{export_dir / 'params'}: run python -m trainer.export --run {workdir} --format hf --out DIR")
         return
-    if publish_dir is not None and jax.process_index() == 0:
-        try:
-            version = publish.publish_run(workdir, pathlib.Path(publish_dir))
-        except (OSError, UserError) as error:
-            checkpoint.print_warning(f"{publish_dir}: publishing the export failed ({error}); publish it with "
-                                     f"python -m trainer.hf.publish --run {workdir} --publish-dir {publish_dir}")
-        else:
-            print(f"trainer: published {version}", file=sys.stderr, flush=True)  # stdout may be JSON lines
+    if config.publish_dir is not None and jax.process_index() == 0:
+        publish_export(workdir, config.publish_dir, config.publish_parts, step=int(jax.device_get(state["step"])))
+
+
+def publish_export(workdir: pathlib.Path, publish_dir: str, parts: tuple[str, ...], *, step: int) -> None:
+    """The run's export at `step` as a new version of `publish_dir`, unless one already holds it."""
+    already = publish.published_step(publish_dir, publish.run_id(workdir), step, parts)
+    if already is not None:
+        print(f"trainer: step {step} of this run is published already, as {already}; nothing new to publish",
+              file=sys.stderr, flush=True)
+        return
+    try:
+        version = publish.publish_run(workdir, publish_dir, parts, step=step)
+    except (OSError, UserError) as error:
+        checkpoint.print_warning(f"{publish_dir}: publishing the export failed ({error}); publish it with "
+                                 f"python -m trainer.hf.publish --run {workdir} --publish-dir {publish_dir}"
+                                 + "".join(f" --part {part}" for part in parts))
+    else:
+        print(f"trainer: published {version}", file=sys.stderr, flush=True)  # stdout may be JSON lines

@@ -1,5 +1,6 @@
-"""The training runs as Pulumi resources: the dicts of workloads.manifests, applied by the cluster's
-provider once the namespace, its ServiceAccounts, the JobSet controller (and the queue) exist.
+"""The workloads as Pulumi resources: the training runs (the dicts of workloads.manifests), applied by
+the cluster's provider once the namespace, its ServiceAccounts, the JobSet controller (and the queue)
+exist, and the serving (workloads.serving's) of the version that `pulumi up` finds.
 
 A stack without gemma-tpu:runs has one TrainingRun, `training`, holding its own data preparation.
 With gemma-tpu:runs each run is `run-<name>` and each dataset's preparation `data-<key>`: adding a
@@ -7,14 +8,16 @@ run adds only its resources, removing one removes only its training object (and 
 of a dataset no run trains on any more), and a change to one run's settings replaces only it.
 """
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import PROJECT, RunConfig, StackConfig
-from workloads import manifests
+from trainer.contract import PUBLISHED_MARKER_FILE
+from workloads import manifests, serving
 from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_shape, run_spec
 
 
@@ -139,3 +142,104 @@ def training_runs(config: StackConfig, *, image: pulumi.Input[str], platform: Ru
                     preparation=preparations[prepared_key(run)])  # fmt: skip
         for run in config.runs
     ]
+
+
+def marker_glob(published_dir: str) -> str:
+    """The markers of every complete version, as a glob over the artifacts bucket's object names."""
+    return f"{published_dir}/*/{PUBLISHED_MARKER_FILE}"
+
+
+def versions_newest_first(published_dir: str, object_names) -> list[tuple[str, str]]:
+    """(version, its marker's object name) of each complete version among the artifacts bucket's
+    `object_names`, newest first (version names sort by time)."""
+    prefix, suffix = f"{published_dir}/", f"/{PUBLISHED_MARKER_FILE}"
+    versions = {name.removeprefix(prefix).removesuffix(suffix): name for name in object_names
+                if name.startswith(prefix) and name.endswith(suffix)}  # fmt: skip
+    return sorted(((version, name) for version, name in versions.items() if "/" not in version and not version.startswith(".")),
+                  reverse=True)  # fmt: skip
+
+
+def holds(marker: str | None, parts: tuple[str, ...]) -> bool:
+    """Whether a version whose marker reads `marker` holds `parts` (trainer.hf.publish writes them in it)."""
+    try:
+        held = json.loads(marker or "").get("parts", ())
+    except (ValueError, AttributeError):
+        return False
+    return set(parts) <= set(held)
+
+
+class ServingDeployment(pulumi.ComponentResource):
+    """The serving objects of workloads.serving, applied by the cluster's provider once the served run's
+    object, the serving pool and the serving identity exist (`after`).
+
+    `pulumi up` lists the run's published versions in the artifacts bucket (`listed(glob)`: the names
+    of its objects that match) and serves the newest that holds what the serving needs (the merged
+    model, or the base and the adapter), reading markers newest first (`read(name)`: an object's
+    text); with none it applies the Deployment at zero replicas (no TPU node) and the smoke Job
+    suspended, and says so. It does not wait for the Deployment (its rollout takes the pool's node and
+    the first compile); when a version is served it waits for that version's smoke Job instead, so an
+    update that ends well has had one chat request answered. `smoke` says what answered, None at zero
+    replicas; `commands` are the user's (port-forward, curl, logs). The ServiceAccount is
+    infra.cloud.identity's, from the same builder."""
+
+    spec: pulumi.Output[serving.ServingSpec]
+    commands: pulumi.Output[dict[str, str]]
+    smoke: pulumi.Output[str] | None
+
+    def __init__(self, name: str, *, config: StackConfig, run: TrainingRun, provider: k8s.Provider,
+                 after: Sequence[pulumi.Resource], listed: Callable[[pulumi.Input[str]], pulumi.Output[list[str]]],
+                 read: Callable[[str], pulumi.Output[str | None]], opts: pulumi.ResourceOptions | None = None) -> None:  # fmt: skip
+        super().__init__(f"{PROJECT}:workloads:ServingDeployment", name, None, opts)
+
+        def newest(candidates: list[tuple[str, str]]):
+            """The first of `candidates` (version, marker) whose marker names the parts; None when none does."""
+            if not candidates:
+                return None
+            (version, marker), rest = candidates[0], candidates[1:]
+            return read(marker).apply(lambda text: version if holds(text, config.serving.parts) else newest(rest))
+
+        names = listed(run.spec.apply(lambda run_spec: marker_glob(run_spec.publish_dir)))
+        version = pulumi.Output.all(run.spec, names).apply(lambda found: newest(versions_newest_first(found[0].publish_dir, found[1])))
+        self.spec = pulumi.Output.all(run.spec, version).apply(lambda found: serving.serving_spec(config, found[0], found[1]))
+
+        def options(*depends_on: pulumi.Resource, **more) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[*after, *depends_on], **more)
+
+        deployment = self.spec.apply(serving.deployment)
+        server = k8s.apps.v1.Deployment("vllm", metadata=deployment["metadata"], spec=deployment["spec"], opts=options())
+        service = self.spec.apply(serving.service)
+        k8s.core.v1.Service("vllm", metadata=service["metadata"], spec=service["spec"], opts=options())
+        monitoring = self.spec.apply(serving.pod_monitoring)
+        k8s.apiextensions.CustomResource(
+            "vllm-metrics", api_version="monitoring.googleapis.com/v1", kind="PodMonitoring",
+            metadata=monitoring["metadata"], spec=monitoring["spec"], opts=options(),
+        )  # fmt: skip
+        if config.serving.autoscaled:
+            autoscaler = self.spec.apply(serving.autoscaler)
+            k8s.autoscaling.v2.HorizontalPodAutoscaler("vllm", metadata=autoscaler["metadata"], spec=autoscaler["spec"],
+                                                       opts=options(server))  # fmt: skip
+        self.smoke = None
+        if config.serving.replicas:
+            smoke = self.spec.apply(serving.smoke_job)
+            (skip_await,) = manifests.SKIP_AWAIT
+            metadata = pulumi.Output.all(smoke["metadata"], self.spec).apply(
+                lambda parts: parts[0] | {"annotations": {skip_await: "false" if parts[1].serving else "true"}})
+            # A new version's Job has a new name: the old one is replaced, and the new one asks again.
+            job = k8s.batch.v1.Job(
+                "vllm-smoke", metadata=metadata, spec=smoke["spec"],
+                opts=options(server, custom_timeouts=pulumi.CustomTimeouts(create=f"{serving.SMOKE_AWAIT_SECONDS}s",
+                                                                           update=f"{serving.SMOKE_AWAIT_SECONDS}s")),
+            )  # fmt: skip
+            # The Job's id exists once `pulumi up` has created it: awaited to its answer when a version
+            # is served (a failed Job fails the update), else left suspended.
+            self.smoke = pulumi.Output.all(job.id, self.spec).apply(lambda done: _smoke_line(done[1]))
+        self.commands = self.spec.apply(serving.serving_commands)
+        self.register_outputs({"commands": self.commands, "smoke": self.smoke})
+
+
+def _smoke_line(spec: serving.ServingSpec) -> str:
+    logs = serving.serving_commands(spec)["smokeLogs"]
+    if spec.serving:
+        return f"answered by {spec.served_version}; read the answer with: {logs}"
+    return (f"no version answered yet: none in gs://{spec.artifacts_bucket}/{spec.published_dir} holds {' and '.join(spec.parts)} "
+            "(the run publishes its export when it ends): no replicas, no TPU node; pulumi up again once one does")

@@ -1,24 +1,24 @@
 """Pure builders of the serving objects (gemma-tpu:serving): a ServingSpec in, plain Kubernetes dicts out.
 
 vLLM's OpenAI server runs on one single-host TPU slice a replica, tensor parallel over its chips,
-serving the newest complete version the served run has published (trainer.hf.publish:
-published/<run name>/<version>/hf in the artifacts bucket). The run's name, not its hash, names the
-folder: a rebuilt trainer image or a new run changes nothing served until it publishes a version.
-Until one is published there are no replicas, so no TPU node is up while the run trains. A new
-version rolls out one replica at a time, the new pod taking traffic only once ready.
+serving a version the served run has published (trainer.hf.publish: published/<run name>/<version>/
+in the artifacts bucket, by the run's name, not its hash: a rebuilt trainer image changes nothing
+served until the run publishes); which one, `pulumi up` decides (workloads.deploy.ServingDeployment).
+With none there are no replicas, so no TPU node is up while the run trains. A new version rolls out
+one replica at a time, the new pod taking traffic only once ready.
 
-The version is read through a read-only GCS FUSE mount of that folder alone (only-dir), with a file
+The version is read through a read-only GCS FUSE mount of its folder alone (only-dir), with a file
 cache the size of the export, parallel downloads and unbounded metadata caches, as gcsfuse's TPU
-serving sample sets them. Its pods act as a Google account that may only read that bucket. The first
+serving sample sets them; the pods act as a Google account that may only read that bucket. The first
 start compiles for minutes to tens of minutes: the start-up probe allows for it, and the compiled
-programs go to a writable volume (VLLM_XLA_CACHE_PATH, which tpu-inference hands to JAX as its
-compilation cache), so a restarted container does not compile again.
+programs go to a writable volume (VLLM_XLA_CACHE_PATH, tpu-inference's JAX compilation cache).
 
 A ClusterIP Service on port 8000 (nothing public), a PodMonitoring for Managed Prometheus, an
-optional HorizontalPodAutoscaler on waiting requests, and a smoke Job (a small python image, not
-vLLM's) that waits for the server and sends it one chat request.
+optional HorizontalPodAutoscaler on waiting requests, and a smoke Job for each served version (a
+small python image, not vLLM's) that waits for the server and sends it one chat request.
 """
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -26,10 +26,10 @@ from typing import Any
 
 from infra.cloud.accounts import service_account_object
 from infra.config import StackConfig
-from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
+from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, SHM_GIB, mirrored_image, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
 from infra.catalog.names import NODE_POOL_LABEL
-from trainer.contract import PUBLISHED_MARKER_FILE, PUBLISHED_MODEL_DIR
+from trainer.contract import PUBLISHED_MODEL_DIR
 from workloads.manifests import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, pod_metadata, pod_security
 from workloads.spec import RunSpec
 
@@ -48,7 +48,6 @@ QUEUE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 STARTUP_SECONDS = 60 * 60
 _PROBE_PERIOD_SECONDS = 30
 _XLA_CACHE_GIB = 20
-_SHM_GIB = 16  # vLLM's worker processes share tensors through /dev/shm
 _ROOT = 0  # the vLLM image runs as root (its caches live under /root); every capability is dropped
 _SMOKE_UID = 65534  # nobody: the smoke Job needs no user of its own
 # How long `pulumi up` waits for the smoke Job's answer when a version is published: the pool's node
@@ -69,12 +68,6 @@ _VERSION_MOUNT_OPTIONS = (
 # The file cache's volume: the CSI driver puts the cache of every volume of the pod in the volume of
 # this name, which must sit beside them.
 FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
-# Room in the file cache beyond the export (gcsfuse also caches the small files and needs slack to
-# evict nothing mid-load).
-_CACHE_HEADROOM_MIB = 1024
-# What vLLM's process takes in the host's memory beside the cache and the weights it loads (its own
-# working set), with /dev/shm (_SHM_GIB) on top.
-_VLLM_HOST_GIB = 8
 # The sidecar's own container bounds on Standard clusters: "0" lifts the limit (GKE's documented
 # value; Autopilot takes the driver's defaults, it sizes nodes from requests), so the parallel
 # downloads may use the host's cores and memory; the requests keep the scheduler honest.
@@ -93,6 +86,7 @@ class ServingSpec:
     artifacts_bucket: str
     published_dir: str  # published/<run name>, relative to the artifacts bucket (RunSpec.publish_dir)
     served_version: str | None  # the newest complete version there; None: none published yet, no replicas
+    parts: tuple[str, ...]  # what the version holds: hf (merged), or base and adapter
     file_cache_mib: int  # the export's size and headroom
     file_cache_in_memory: bool  # on a RAM disk where the node's memory holds it beside vLLM, else on its boot disk
     sidecar_unbounded: bool  # the GCS FUSE sidecar without CPU, memory and disk limits (Standard clusters)
@@ -122,6 +116,13 @@ class ServingSpec:
         return f"{self.published_dir}/{self.served_version}"
 
     @property
+    def smoke_name(self) -> str:
+        """The smoke Job's name, one for each served version: a new version is a new Job, which asks again."""
+        if not self.serving:
+            return f"{SERVING_NAME}-smoke"
+        return f"{SERVING_NAME}-smoke-{hashlib.sha256(self.served_version.encode()).hexdigest()[:8]}"
+
+    @property
     def model_path(self) -> str:
         return f"{MODEL_MOUNT}/{'base' if self.adapter_rank else PUBLISHED_MODEL_DIR}"
 
@@ -134,41 +135,10 @@ class ServingSpec:
         return f"http://{SERVING_NAME}.{self.namespace}.svc:{SERVING_PORT}"
 
 
-def mirrored_image(config: StackConfig, image: str) -> str:
-    """`image`, through the stack's remote repository when it is a Docker Hub image."""
-    path = docker_hub_path(image)
-    if path is None:
-        return image
-    return f"{config.region}-docker.pkg.dev/{config.project}/{mirror_repository_id(config.cluster_name)}/{path}"
-
-
-def marker_glob(published_dir: str) -> str:
-    """The markers of every complete version, as a glob over the artifacts bucket's object names."""
-    return f"{published_dir}/*/{PUBLISHED_MARKER_FILE}"
-
-
-def newest_version(published_dir: str, object_names) -> str | None:
-    """The newest complete version among the artifacts bucket's `object_names` (version names sort by
-    time), None when there is none."""
-    prefix, suffix = f"{published_dir}/", f"/{PUBLISHED_MARKER_FILE}"
-    versions = [name.removeprefix(prefix).removesuffix(suffix) for name in object_names
-                if name.startswith(prefix) and name.endswith(suffix)]  # fmt: skip
-    return max((version for version in versions if "/" not in version and not version.startswith(".")), default=None)
-
-
-def _file_cache(config: StackConfig) -> tuple[int, bool]:
-    """(MiB, in memory): the export and headroom, on a RAM disk when the node's memory for pods holds
-    it beside vLLM (the fastest, as GKE's guide advises), else on the node's boot disk."""
-    mib = math.ceil(config.serving.export_bytes / 2**20) + _CACHE_HEADROOM_MIB
-    host_gib = config.serving.slice.trainer_memory_gib  # what GKE leaves to pods, less the sidecar's headroom
-    return mib, mib / 1024 + config.serving.export_bytes / 2**30 + _VLLM_HOST_GIB + _SHM_GIB <= host_gib
-
-
 def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) -> ServingSpec:
     """The serving of `run` (the RunSpec of config.serving.run) at `served_version`, the newest complete
     version in its publish folder (None: nothing published yet)."""
     serving = config.serving
-    file_cache_mib, file_cache_in_memory = _file_cache(config)
     # Standard: the serving pool by name (training pods of the same shape go to theirs); Autopilot
     # provisions a node from the selectors alone.
     pool = {NODE_POOL_LABEL: SERVING_POOL} if config.cluster_mode == "standard" else {}
@@ -182,8 +152,9 @@ def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) 
         artifacts_bucket=config.artifacts_bucket,
         published_dir=run.publish_dir,
         served_version=served_version,
-        file_cache_mib=file_cache_mib,
-        file_cache_in_memory=file_cache_in_memory,
+        parts=serving.parts,
+        file_cache_mib=serving.file_cache_mib,
+        file_cache_in_memory=serving.file_cache_in_memory,
         sidecar_unbounded=config.cluster_mode == "standard",
         adapter_rank=serving.lora_rank,
         chips=serving.slice.chips,
@@ -280,7 +251,7 @@ def deployment(spec: ServingSpec) -> dict[str, Any]:
                 _version_volume(spec),
                 _file_cache_volume(spec),
                 {"name": "xla-cache", "emptyDir": {"sizeLimit": f"{_XLA_CACHE_GIB}Gi"}},
-                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_SHM_GIB}Gi"}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB}Gi"}},
             ],
         },
     }
@@ -382,12 +353,12 @@ def smoke_job(spec: ServingSpec) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(spec, f"{SERVING_NAME}-smoke", "smoke"),
+        "metadata": _metadata(spec, spec.smoke_name, "smoke"),
         "spec": {
             "backoffLimit": 2,
             "suspend": not spec.serving,
             "template": {
-                "metadata": {"labels": object_labels("smoke", f"{SERVING_NAME}-smoke")},
+                "metadata": {"labels": object_labels("smoke", spec.smoke_name)},
                 "spec": {"restartPolicy": "Never", "securityContext": pod_security(_SMOKE_UID), "containers": [container]},
             },
         },
@@ -413,7 +384,7 @@ def serving_commands(spec: ServingSpec) -> dict[str, str]:
         "portForward": f"kubectl port-forward -n {spec.namespace} service/{SERVING_NAME} {SERVING_PORT}:{SERVING_PORT}",
         "curl": f"curl -s localhost:{SERVING_PORT}{CHAT_PATH} -H 'Content-Type: application/json' -d '{request}'",
         "logs": f"kubectl logs -n {spec.namespace} -f deployment/{SERVING_NAME} -c {SERVER_CONTAINER}",
-        "smokeLogs": f"kubectl logs -n {spec.namespace} job/{SERVING_NAME}-smoke",
+        "smokeLogs": f"kubectl logs -n {spec.namespace} job/{spec.smoke_name}",
     }
 
 

@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from infra.config import RunConfig, StackConfig
-from infra.config.training import PreparationConfig, TrainingConfig, trainer_flags
+from infra.config.training import PreparationConfig, trainer_flags
 from infra.config.slices import trainer_memory_gib
 from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
 from infra.catalog.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
 from trainer import contract
 from trainer.run import tpu_flags
-from trainer.contract import PREPARED_MARKER_FILE, PUBLISHED_DIR, TRAINER_UID
+from trainer.contract import PREPARED_MARKER_FILE, PUBLISHED_DIR, PUBLISHED_MODEL_DIR, TRAINER_UID
 
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
 ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles, published exports
@@ -193,7 +193,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         prepare_name=f"prepare-data-{key}",
         run_dir=run_dir,
         publish_dir=publish_dir,
-        trainer_args=_trainer_args(config, training, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}",
+        trainer_args=_trainer_args(config, run, f"{DATA_MOUNT}/{prepared_dir}", f"{ARTIFACTS_MOUNT}/{run_dir}",
                                    f"{ARTIFACTS_MOUNT}/{publish_dir}"),
         # JAX_PLATFORMS: a TPU that cannot be opened fails the run (trainer.run.mesh) instead of JAX
         # falling back to training on the host's CPU.
@@ -209,7 +209,8 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     )
 
 
-def _trainer_args(config: StackConfig, training: TrainingConfig, data_dir: str, run_dir: str, publish_dir: str) -> tuple[str, ...]:
+def _trainer_args(config: StackConfig, run: RunConfig, data_dir: str, run_dir: str, publish_dir: str) -> tuple[str, ...]:
+    training = run.training
     args = [
         *trainer_flags(training),
         "--data", data_dir,
@@ -222,6 +223,8 @@ def _trainer_args(config: StackConfig, training: TrainingConfig, data_dir: str, 
         # below the slice's chips, inside it too.
         "--mesh", f"data=-1,fsdp={training.fsdp or config.slice.chips}",
     ]  # fmt: skip
+    if config.serving is not None and config.serving.run == run.name and config.serving.parts != (PUBLISHED_MODEL_DIR,):
+        args += ["--publish-parts", ",".join(config.serving.parts)]  # what its serving serves (lora: adapter)
     if training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]
     return tuple(args)

@@ -17,6 +17,7 @@ from infra.config.runs import RunConfig
 from infra.config.sections import Section
 from infra.errors import ConfigError
 from infra.catalog.tpu import SliceSpec
+from trainer.contract import SERVED_PARTS
 from trainer.run.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
 
 SERVING_NAME = "vllm"  # the Deployment, its Service, PodMonitoring and Kubernetes ServiceAccount
@@ -37,6 +38,13 @@ DEFAULT_MAX_MODEL_LEN = 8192
 # Docker Hub from here (`docker buildx imagetools inspect python:3.12-alpine` gives today's).
 DEFAULT_SMOKE_IMAGE = "python:3.12-alpine@sha256:6d43704baacd1bfbe7c295d7f13079d5d8104ed33568873133f8fc69980419df"
 _BF16 = 2
+SHM_GIB = 16  # vLLM's worker processes share tensors through /dev/shm
+# Room in the model mount's file cache beyond the export (gcsfuse also caches the small files and needs
+# slack to evict nothing mid-load).
+_CACHE_HEADROOM_MIB = 1024
+# What vLLM's process takes in the host's memory beside the cache and the weights it loads (its own
+# working set), with /dev/shm (SHM_GIB) on top.
+_VLLM_HOST_GIB = 8
 _DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 
 
@@ -96,6 +104,23 @@ class ServingConfig:
     @property
     def autoscaled(self) -> bool:
         return self.queue_depth is not None
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """What a version must hold to be served, and what the served run publishes (--publish-parts)."""
+        return SERVED_PARTS["adapter" if self.lora_rank else "merged"]
+
+    @property
+    def file_cache_mib(self) -> int:
+        """The model mount's file cache: the export and headroom."""
+        return math.ceil(self.export_bytes / 2**20) + _CACHE_HEADROOM_MIB
+
+    @property
+    def file_cache_in_memory(self) -> bool:
+        """The file cache on a RAM disk where the node's memory for pods (less the sidecar's headroom)
+        holds it beside vLLM (the fastest, as GKE's guide advises), else on the node's boot disk."""
+        needs_gib = self.file_cache_mib / 1024 + self.export_bytes / 2**30 + _VLLM_HOST_GIB + SHM_GIB
+        return needs_gib <= self.slice.trainer_memory_gib
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,6 +299,14 @@ def docker_hub_path(image: str) -> str | None:
     if rest and ("." in first or ":" in first or first == "localhost"):
         return None
     return image if rest else f"library/{image}"
+
+
+def mirrored_image(config, image: str) -> str:
+    """`image`, through the remote repository of `config` (the StackConfig) when it is a Docker Hub image."""
+    path = docker_hub_path(image)
+    if path is None:
+        return image
+    return f"{config.region}-docker.pkg.dev/{config.project}/{mirror_repository_id(config.cluster_name)}/{path}"
 
 
 def mirror_repository_id(cluster_name: str) -> str:

@@ -2,6 +2,7 @@
 the artifacts bucket, the image through the stack's registry, the objects in order, the outputs that
 reach the server, and what `pulumi destroy` removes."""
 
+import json
 import subprocess
 import sys
 
@@ -195,18 +196,27 @@ def test_a_bad_serving_config_is_one_line_and_exit_2_before_any_resource(tmp_pat
     assert result.stdout == ""  # nothing was declared
 
 
-def _bucket_holds(monkeypatch, *versions: str) -> None:
-    """The artifacts bucket, as `pulumi up` lists it, holds these published versions of the run."""
+def _bucket_holds(monkeypatch, **versions: list[str]) -> None:
+    """The artifacts bucket, as `pulumi up` lists and reads it, holds these published versions of the
+    run, each holding the parts listed (in its marker)."""
+    markers = {}
 
     def call(self, args):
         if args.token == "gcp:storage/getBucketObjects:getBucketObjects":
-            names = [args.args["matchGlob"].replace("*", version) for version in versions]
+            markers.update({args.args["matchGlob"].replace("*", version): parts for version, parts in versions.items()})
             return {"bucket": args.args["bucket"], "bucketObjects": [
                 {"name": name, "mediaLink": "", "selfLink": "", "contentType": "application/json", "storageClass": "STANDARD"}
-                for name in names]}  # fmt: skip
+                for name in markers]}  # fmt: skip
+        if args.token == "gcp:storage/getBucketObjectContent:getBucketObjectContent":
+            return {"bucket": args.args["bucket"], "name": args.args["name"],
+                    "content": json.dumps({"run": "tinystories", "parts": markers[args.args["name"]]})}
         return {}
 
     monkeypatch.setattr(preview_module._CloudPlaceholders, "call", call)
+
+
+def _smoke(resources) -> dict:
+    return one(resources, JOB, "vllm-smoke").inputs
 
 
 def test_nothing_published_no_tpu_pod_and_a_suspended_smoke_job(monkeypatch):
@@ -214,16 +224,45 @@ def test_nothing_published_no_tpu_pod_and_a_suspended_smoke_job(monkeypatch):
     the smoke Job suspended, and says why; with a version it serves the newest, awaits the answer."""
     resources, outputs = previewed("serving").resources, previewed("serving").outputs
     assert one(resources, DEPLOYMENT, "vllm").inputs["spec"]["replicas"] == 0
-    job = one(resources, JOB, "vllm-smoke").inputs
+    job = _smoke(resources)
     assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"} and job["spec"]["suspend"] is True
-    assert outputs["servingSmoke"].startswith("nothing published in gs://acme-ml-123-serving-artifacts/published/tinystories yet")
+    assert outputs["servingSmoke"].startswith("no version answered yet: none in gs://acme-ml-123-serving-artifacts/published/tinystories holds hf")
 
-    _bucket_holds(monkeypatch, "20261201T000000Z-tinystories-aaaa", "20261205T120000Z-tinystories-bbbb")
+    _bucket_holds(monkeypatch, **{"20261201T000000Z-tinystories-aaaa": ["hf"], "20261205T120000Z-tinystories-bbbb": ["hf"]})
     published = preview(stack_values("serving"), "serving")
     deployment = one(published.resources, DEPLOYMENT, "vllm").inputs["spec"]
     assert deployment["replicas"] == 1
     (model,) = [v for v in deployment["template"]["spec"]["volumes"] if "csi" in v]
     assert "only-dir=published/tinystories/20261205T120000Z-tinystories-bbbb" in model["csi"]["volumeAttributes"]["mountOptions"]
-    assert one(published.resources, JOB, "vllm-smoke").inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "false"}
+    job = _smoke(published.resources)
+    assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "false"}
     assert published.outputs["servingSmoke"] == ("answered by 20261205T120000Z-tinystories-bbbb; read the answer with: "
-                                                 "kubectl logs -n training job/vllm-smoke")
+                                                 f"kubectl logs -n training job/{job['metadata']['name']}")
+
+
+def test_a_new_version_has_a_smoke_job_of_its_own_that_answers_for_it(monkeypatch):
+    _bucket_holds(monkeypatch, **{"20261201T000000Z-tinystories-aaaa": ["hf"]})
+    first = _smoke(preview(stack_values("serving"), "serving").resources)["metadata"]["name"]
+    _bucket_holds(monkeypatch, **{"20261201T000000Z-tinystories-aaaa": ["hf"], "20261205T120000Z-tinystories-bbbb": ["hf"]})
+    rolled = preview(stack_values("serving"), "serving")
+    second = _smoke(rolled.resources)["metadata"]["name"]
+    assert first != second  # a new Job, which asks the new version again
+    assert rolled.outputs["servingSmoke"].startswith("answered by 20261205T120000Z-tinystories-bbbb;")
+
+
+def test_adapter_serving_serves_the_newest_version_with_a_base_and_an_adapter(monkeypatch):
+    values = stack_values("serving")
+    values["gemma-tpu:serving"] = {**values["gemma-tpu:serving"], "lora": "adapter"}
+    values["gemma-tpu:training"] = {**values["gemma-tpu:training"], "loraRank": 16}
+    _bucket_holds(monkeypatch, **{"20261205T120000Z-tinystories-bbbb": ["hf"]})
+    merged_only = preview(values, "serving")
+    assert one(merged_only.resources, DEPLOYMENT, "vllm").inputs["spec"]["replicas"] == 0  # no --model=/model/base to crash on
+    assert merged_only.outputs["servingSmoke"].startswith("no version answered yet: none in gs://")
+    assert "holds base and adapter" in merged_only.outputs["servingSmoke"]
+    _bucket_holds(monkeypatch, **{"20261201T000000Z-tinystories-aaaa": ["adapter", "base"], "20261205T120000Z-tinystories-bbbb": ["hf"]})
+    served = preview(values, "serving")
+    deployment = one(served.resources, DEPLOYMENT, "vllm").inputs["spec"]
+    (model,) = [v for v in deployment["template"]["spec"]["volumes"] if "csi" in v]
+    assert "only-dir=published/tinystories/20261201T000000Z-tinystories-aaaa" in model["csi"]["volumeAttributes"]["mountOptions"]
+    (trainer,) = one(served.resources, JOB, "training").inputs["spec"]["template"]["spec"]["containers"]
+    assert trainer["args"][trainer["args"].index("--publish-parts") + 1] == "base,adapter"  # what its serving serves

@@ -115,6 +115,9 @@ CASES = (
            "(passes over the data), not both"),
     BadRun(section=FLAGS, case="LoRA weights without a LoRA rank", args=("--lora-weights", "adapter"),
            error="--lora-weights adapter continues a LoRA run: pass --lora-rank, the adapter's r"),
+    BadRun(section=FLAGS, case="a base and adapter to publish from a full fine-tune", args=("--publish-parts", "base,adapter"),
+           error="--publish-parts base,adapter: base and adapter are a LoRA run's; this run is a full fine-tune (no --lora-rank): "
+           "publish hf"),
     BadRun(section=FLAGS, case="official weights of the tiny model", args=("--weights", "official"),
            error="--model tiny has no official weights: use --weights random or a checkpoint path"),
     BadRun(section=FLAGS, case="no --data", base=False, args=("--model", "gemma3-1b"),
@@ -295,6 +298,9 @@ CASES = (
     BadRun(section=MODEL_FILES, case="run directory under a file", args=("--workdir", "notes.txt/run"),
            files={"notes.txt": b"buy milk"},
            error="--workdir notes.txt/run: cannot use it (Not a directory); choose a directory this job can write"),
+    BadRun(section=MODEL_FILES, case="publish folder under a file", args=("--publish-dir", "notes.txt/published"),
+           files={"notes.txt": b"buy milk"},
+           error="--publish-dir notes.txt/published: notes.txt is a file, not a folder; choose a folder to publish versions in"),
 )
 
 

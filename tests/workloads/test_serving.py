@@ -8,12 +8,12 @@ import json
 import pytest
 import yaml
 
-from infra.config.serving import SERVED_MODELS, mirror_repository_id, serving_account_id
+from infra.config.serving import SERVED_MODELS, mirror_repository_id, mirrored_image, serving_account_id
 from tests.workloads.admission import violations
 from tests.workloads.admission_serving import SERVING_RULES, validate_pod_monitoring
 from tests.workloads.conftest import container, edited_config, spec_of
 from tests.workloads.schemas import validate_builtin
-from workloads import serving
+from workloads import deploy, serving
 from workloads.__main__ import stack_objects
 
 UPSTREAM = "vllm/vllm-tpu:v0.27.0@sha256:" + "b" * 64
@@ -37,6 +37,11 @@ def serving_config(serving_keys=None, *, stack="dev", **sections):
 def spec(serving_keys=None, *, version=VERSION, **kwargs) -> serving.ServingSpec:
     config = serving_config(serving_keys, **kwargs)
     return serving.serving_spec(config, spec_of(config), version)
+
+
+def newest(published_dir, object_names) -> str | None:
+    """The newest complete version among `object_names`, as `pulumi up` finds it (every marker holding hf)."""
+    return next(iter(deploy.versions_newest_first(published_dir, object_names)), (None,))[0]
 
 
 def objects_by_kind(serving_spec) -> dict[str, dict]:
@@ -89,11 +94,11 @@ def test_a_trainer_image_change_or_a_new_run_leaves_the_served_model_unchanged_u
             "retrained": spec_of(retrained)}  # fmt: skip
     assert len({run.run_dir for run in runs.values()}) == 3  # three runs, each in a directory of its own...
     published = [f"{runs['first'].publish_dir}/{VERSION}/published.json"]  # ...and the bucket holds the first's version
-    served = [serving.deployment(serving.serving_spec(run_config, run, serving.newest_version(run.publish_dir, published)))
+    served = [serving.deployment(serving.serving_spec(run_config, run, newest(run.publish_dir, published)))
               for run_config, run in ((config, runs["first"]), (config, runs["rebuilt"]), (retrained, runs["retrained"]))]
     assert served[0] == served[1] == served[2]  # the same pods, untouched by the rebuild and the new run
     newer = "20261206T080000Z-" + runs["retrained"].name  # the new run publishes
-    assert serving.newest_version(runs["retrained"].publish_dir, [*published, f"{runs['retrained'].publish_dir}/{newer}/published.json"]) == newer
+    assert newest(runs["retrained"].publish_dir, [*published, f"{runs['retrained'].publish_dir}/{newer}/published.json"]) == newer
     rolled = serving.deployment(serving.serving_spec(retrained, runs["retrained"], newer))
     assert rolled["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert rolled["spec"]["template"] != served[0]["spec"]["template"]  # the new version rolls out
@@ -103,8 +108,28 @@ def test_only_complete_versions_of_the_runs_folder_are_served():
     folder = "published/gemma-finetune"
     names = [f"{folder}/{VERSION}/hf/config.json", f"{folder}/.{VERSION}.partial-ab12/published.json",
              "published/gemma-finetune-2/20991231T000000Z-x/published.json", f"{folder}/{VERSION}/published.json"]  # fmt: skip
-    assert serving.newest_version(folder, names) == VERSION
-    assert serving.newest_version(folder, names[:3]) is None
+    assert newest(folder, names) == VERSION
+    assert newest(folder, names[:3]) is None
+
+
+@pytest.mark.parametrize(("mode", "holding", "held"), [
+    ("merged", ["hf"], True), ("merged", ["adapter", "base"], False),
+    ("adapter", ["hf"], False), ("adapter", ["adapter", "base"], True), ("adapter", ["adapter", "base", "hf"], True),
+])  # fmt: skip
+def test_a_version_serves_a_mode_only_when_its_marker_names_the_parts_the_mode_needs(mode, holding, held):
+    parts = spec({"lora": mode}).parts
+    assert deploy.holds(json.dumps({"run": "r", "parts": holding}), parts) is held
+
+
+def test_a_marker_that_names_no_parts_serves_nothing():
+    assert not any(deploy.holds(text, ("hf",)) for text in (None, "", "not json", "[]", json.dumps({"run": "r"})))
+
+
+def test_each_served_version_has_a_smoke_job_of_its_own():
+    first, second = spec(), spec(version="20261206T080000Z-gemma-finetune-0123abcd")
+    names = {serving.smoke_job(s)["metadata"]["name"] for s in (first, second, spec(version=None))}
+    assert len(names) == 3 and all(len(name) <= 63 for name in names)
+    assert serving.serving_commands(second)["smokeLogs"].endswith(f"job/{serving.smoke_job(second)['metadata']['name']}")
 
 
 def test_no_pod_requests_a_tpu_before_an_export_is_published():
@@ -232,10 +257,10 @@ def test_the_smoke_job_asks_the_served_model_through_the_service_from_a_small_im
 def test_a_docker_hub_image_is_pulled_through_the_stacks_remote_repository():
     config = serving_config()
     mirror = f"us-east5-docker.pkg.dev/{config.project}/{mirror_repository_id(config.cluster_name)}"
-    assert serving.mirrored_image(config, UPSTREAM) == f"{mirror}/{UPSTREAM}"
+    assert mirrored_image(config, UPSTREAM) == f"{mirror}/{UPSTREAM}"
     assert spec().smoke_image == f"{mirror}/library/{config.serving.smoke_image}"
     other = "us-docker.pkg.dev/acme/mirror/vllm-tpu@sha256:" + "c" * 64
-    assert serving.mirrored_image(config, other) == other
+    assert mirrored_image(config, other) == other
 
 
 def test_the_google_account_is_within_the_stack_name_limit():

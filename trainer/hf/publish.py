@@ -2,11 +2,12 @@
 as a new version that serving follows (docs/serving.md).
 
 A version is PUBLISH_DIR/<UTC stamp>-<run id>/, holding the export's directories (hf/; for a base
-with its adapter, base/ and adapter/) and, last, trainer.contract.PUBLISHED_MARKER_FILE. It is copied
-under a hidden temporary name, renamed to its own, then marked complete: a reader that goes by the
-marker never sees part of a version, and a version is never written over (a new one is added
-beside it; rolling back is moving the newest aside). The trainer publishes its final export with
---publish-dir (process 0 only), and `trainer.export --publish DIR` what it writes.
+with its adapter, base/ and adapter/) and, last, trainer.contract.PUBLISHED_MARKER_FILE, which names
+them. PUBLISH_DIR is a local folder or gs://BUCKET/PATH, written through etils.epath as checkpoints
+are (a bucket has no folder to rename into place, so the files go to the version's own name): a
+reader that goes by the marker never sees part of a version, and a version is never written over (a
+new one is added beside it; rolling back is moving the newest aside). The trainer publishes its final
+export with --publish-dir (process 0 only), and `trainer.export --publish DIR` what it writes.
 No JAX here.
 """
 
@@ -15,15 +16,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
 import shutil
 import sys
 
+from etils import epath
+
 from trainer import contract, shared_files
 from trainer.errors import UserError, entry_point
 
-PARTS = ("hf", "base", "adapter")  # merged, or the frozen base and the PEFT adapter (trainer.export --lora-export)
+_COPY_CHUNK = 16 * 2**20
 
 
 def run_id(workdir: pathlib.Path) -> str:
@@ -35,49 +37,97 @@ def version_name(run_id: str, now: datetime.datetime) -> str:
     return f"{now.astimezone(datetime.timezone.utc).strftime(contract.PUBLISHED_STAMP_FORMAT)}-{run_id}"
 
 
-def published_versions(publish_dir: pathlib.Path) -> list[str]:
+def published_versions(publish_dir) -> list[str]:
     """The complete versions in `publish_dir`, oldest first (their names sort by time)."""
-    if not publish_dir.is_dir():
+    root = epath.Path(publish_dir)
+    if not root.is_dir():
         return []
-    return sorted(path.name for path in publish_dir.iterdir() if (path / contract.PUBLISHED_MARKER_FILE).is_file())
+    return sorted(path.name for path in root.iterdir() if (path / contract.PUBLISHED_MARKER_FILE).is_file())
 
 
-def publish(publish_dir: pathlib.Path, run_id: str, parts: dict[str, pathlib.Path], *,
-            now: datetime.datetime | None = None) -> pathlib.Path:
-    """Copies each of `parts` (name in PARTS -> a Hugging Face directory) into a new version of
-    `publish_dir` and returns the version's path. Call it from one process only."""
+def published_step(publish_dir, run_id: str, step: int, parts) -> str | None:
+    """The newest complete version that already holds `parts` of `run_id` at training step `step`, or None."""
+    for name in reversed(published_versions(publish_dir)):
+        try:
+            marker = json.loads((epath.Path(publish_dir) / name / contract.PUBLISHED_MARKER_FILE).read_text())
+        except ValueError:
+            continue
+        if marker.get("run") == run_id and marker.get("step") == step and set(parts) <= set(marker.get("parts", ())):
+            return name
+    return None
+
+
+def check_publish_dir(publish_dir) -> None:
+    """Refuses, in one line and before any work, a gs:// --publish-dir that cannot be reached and a
+    local one that cannot be a folder (a file on its way; a bucket has no folders, so no such case)."""
+    if "://" in str(publish_dir):
+        try:
+            epath.Path(publish_dir).exists()
+        except Exception as error:  # gcsfs: credentials, network or permission, each its own type
+            raise UserError(f"--publish-dir {publish_dir}: cannot reach it ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:200]}); check the path and the credentials "
+                            "(gcloud auth application-default login)") from None
+        return
+    root = pathlib.Path(publish_dir)
+    existing = next(path for path in (root, *root.parents) if path.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        raise UserError(f"--publish-dir {publish_dir}: {existing} is a file, not a folder; choose a folder to publish versions in")
+
+
+def _copy_tree(source: pathlib.Path, target: epath.Path) -> None:
+    for path in sorted(source.rglob("*")):
+        if path.is_file():
+            destination = target / path.relative_to(source).as_posix()
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("rb") as reader, destination.open("wb") as writer:
+                shutil.copyfileobj(reader, writer, _COPY_CHUNK)
+
+
+def _write_marker(version: epath.Path, text: str) -> None:
+    """The marker, whole: a bucket's object appears whole once written; a local file is renamed into place."""
+    if "://" in str(version):
+        (version / contract.PUBLISHED_MARKER_FILE).write_text(text)
+    else:
+        shared_files.write_text_atomically(pathlib.Path(version) / contract.PUBLISHED_MARKER_FILE, text)
+
+
+def publish(publish_dir, run_id: str, parts: dict[str, pathlib.Path], *, now: datetime.datetime | None = None,
+            step: int | None = None) -> epath.Path:
+    """Copies each of `parts` (name in contract.PUBLISHED_PARTS -> a Hugging Face directory) into a new
+    version of `publish_dir`, then writes its marker, and returns the version's path. `step`: the
+    training step the weights are of, when known. Call it from one process only."""
     for name, source in parts.items():
         if not (source / "config.json").is_file() and not (source / "adapter_config.json").is_file():
             raise UserError(f"{source}: no Hugging Face export there (no config.json); nothing to publish as {name}/")
-    name = version_name(run_id, now or datetime.datetime.now(datetime.timezone.utc))
-    version = publish_dir / name
+    check_publish_dir(publish_dir)
+    version = epath.Path(publish_dir) / version_name(run_id, now or datetime.datetime.now(datetime.timezone.utc))
     if version.exists():
         raise UserError(f"{version}: already published (a version is never written over); publish again in a second")
-    temporary = shared_files.temporary_sibling(version)
+    marker = {"run": run_id, "parts": sorted(parts), "sources": {part: str(source) for part, source in parts.items()},
+              **({"step": step} if step is not None else {})}
     try:
-        temporary.mkdir(parents=True)
         for part, source in parts.items():
-            shutil.copytree(source, temporary / part)
-        os.rename(temporary, version)
-    finally:
-        if temporary.exists():
-            shutil.rmtree(temporary)
-    marker = {"run": run_id, "parts": sorted(parts), "sources": {part: str(source) for part, source in parts.items()}}
-    shared_files.write_text_atomically(version / contract.PUBLISHED_MARKER_FILE, json.dumps(marker, indent=2) + "\n")
+            _copy_tree(source, version / part)
+        _write_marker(version, json.dumps(marker, indent=2) + "\n")  # last
+    except OSError as error:
+        if version.exists():
+            version.rmtree()  # this call's own files: the version was not there before
+        raise UserError(f"--publish-dir {publish_dir}: writing {version} failed ({error}); nothing was published") from None
     return version
 
 
-def publish_run(workdir: pathlib.Path, publish_dir: pathlib.Path, parts: tuple[str, ...] = (contract.PUBLISHED_MODEL_DIR,)) -> pathlib.Path:
+def publish_run(workdir: pathlib.Path, publish_dir, parts: tuple[str, ...] = (contract.PUBLISHED_MODEL_DIR,), *,
+                step: int | None = None) -> epath.Path:
     """The run's WORKDIR/export/<part> directories as one new version."""
-    return publish(publish_dir, run_id(workdir), {part: workdir / "export" / part for part in parts})
+    return publish(publish_dir, run_id(workdir), {part: workdir / "export" / part for part in parts}, step=step)
 
 
 def parse_args(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.hf.publish", description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, type=pathlib.Path, help="the run's --workdir (its export/ holds the directories)")
-    parser.add_argument("--publish-dir", required=True, type=pathlib.Path,
-                        help="where versions go, e.g. /artifacts/published/RUN_NAME (the serving stack's)")
-    parser.add_argument("--part", action="append", choices=PARTS,
+    parser.add_argument("--publish-dir", required=True,
+                        help="where versions go, a folder or gs://BUCKET/published/RUN_NAME (the serving stack's)")
+    parser.add_argument("--part", action="append", choices=contract.PUBLISHED_PARTS,
                         help="an export directory to publish; give base and adapter for a LoRA adapter's serving (default hf)")
     return parser.parse_args(argv)
 

@@ -1,18 +1,23 @@
 """Publishing an export for serving: the trainer's final export and `trainer.export --publish` add a
-version beside the earlier ones, never over one, and a version without its marker (one being
-copied, or a copy that died) is not one."""
+version beside the earlier ones, never over one, to a folder or a gs:// bucket, its marker last; a
+version without its marker (one being copied, or a copy that died) is not one; a relaunch of a
+finished run publishes nothing new."""
 
 import datetime
+import importlib
 import json
 import pathlib
 
 import pytest
+from etils.epath import backend, gpath
+from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 from tests.trainer.hf.test_export import train
 from trainer import contract
 from trainer.hf import publish
 from trainer.export import main as export_main
 from trainer.hf.publish import main as publish_main
+from trainer.config import parse_config
 from trainer.errors import UserError
 
 NOON = datetime.datetime(2026, 12, 5, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -78,3 +83,120 @@ def test_nothing_to_publish_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Hugging Face export there" in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+class _Object(MemoryFile):
+    """A bucket's object: it appears, whole, when its writer closes it."""
+
+    def close(self):
+        if self.fs.store.get(self.path) is not self:
+            self.commit()
+            self.fs.written.append(self.path)
+
+
+class _Bucket(MemoryFileSystem):
+    """gs:// as Cloud Storage behaves for what publishing does, in memory: one bucket, `bucket`; objects
+    that appear whole when closed (in `written`, in that order); folders that are only the prefixes of
+    object names (making one makes nothing)."""
+
+    protocol = ("gs", "gcs")
+    store: dict = {}
+    pseudo_dirs = ["", "/bucket"]
+    written: list = []
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(str(path).removeprefix("gs://").removeprefix("gcs://"))
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        pass
+
+    def makedirs(self, path, exist_ok=False):
+        pass
+
+    def _open(self, path, mode="rb", **kwargs):
+        if mode == "wb":
+            return _Object(self, self._strip_protocol(path))
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    """gs:// through etils.epath onto _Bucket, with fsspec as in the trainer's image (which has no
+    TensorFlow: the dev venv's would take gs:// to tf.io.gfile)."""
+    _Bucket.store.clear()
+    _Bucket.written.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpath, "_is_tf_installed", lambda: False)
+        for protocol in _Bucket.protocol:
+            patch.setitem(importlib.import_module("fsspec.registry")._registry, protocol, _Bucket)
+        backend.fsspec_backend._get_filesystem.cache_clear()
+        yield _Bucket
+    backend.fsspec_backend._get_filesystem.cache_clear()
+
+
+def _objects(bucket, prefix: str) -> dict[str, bytes]:
+    return {name.removeprefix(prefix): file.getvalue() for name, file in bucket.store.items() if name.startswith(prefix)}
+
+
+def test_publishing_to_a_bucket_writes_the_version_there_its_marker_last(published_run, bucket, tmp_path, monkeypatch):
+    workdir, _ = published_run
+    monkeypatch.chdir(tmp_path)
+    bucket.written.clear()
+    assert publish_main(["--run", str(workdir), "--publish-dir", "gs://bucket/published/run-a1b2"]) == contract.OK
+    assert not any(tmp_path.iterdir())  # no local folder named gs:
+    (version,) = publish.published_versions("gs://bucket/published/run-a1b2")
+    prefix = f"/bucket/published/run-a1b2/{version}/"
+    hf = workdir / "export" / "hf"
+    assert _objects(bucket, prefix) == {**{f"hf/{path.name}": path.read_bytes() for path in hf.iterdir()},
+                                        contract.PUBLISHED_MARKER_FILE: bucket.store[prefix + contract.PUBLISHED_MARKER_FILE].getvalue()}
+    assert bucket.written[-1] == prefix + contract.PUBLISHED_MARKER_FILE and len(bucket.written) == len(list(hf.iterdir())) + 1
+    assert json.loads(bucket.store[prefix + contract.PUBLISHED_MARKER_FILE].getvalue())["parts"] == ["hf"]
+
+
+def test_a_publish_dir_under_a_file_is_one_line(published_run, tmp_path, capsys):
+    workdir, _ = published_run
+    (tmp_path / "notes").write_text("a file")
+    assert publish_main(["--run", str(workdir), "--publish-dir", str(tmp_path / "notes" / "published")]) == contract.USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--publish-dir {tmp_path / 'notes' / 'published'}: {tmp_path / 'notes'} is a file" in err
+
+
+def test_the_trainer_refuses_a_publish_dir_under_a_file_before_training(tmp_path, prepared_dir, tokenizer_path):
+    (tmp_path / "notes").write_text("a file")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        train(tmp_path / "run", prepared_dir, tokenizer_path, "--publish-dir", str(tmp_path / "notes" / "v"))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def adapter_run(tmp_path_factory, prepared_dir, tokenizer_path, bucket):
+    """A LoRA run that publishes base and adapter to the bucket (as a `lora: adapter` stack tells it),
+    then the same run launched again, finished: (workdir, versions after the first launch, after the second)."""
+    workdir = tmp_path_factory.mktemp("adapter") / "run-e5f6"
+    flags = ["--lora-rank", "4", "--publish-parts", "base,adapter", "--publish-dir", "gs://bucket/published/adapter"]
+    train(workdir, prepared_dir, tokenizer_path, *flags)
+    first = publish.published_versions("gs://bucket/published/adapter")
+    train(workdir, prepared_dir, tokenizer_path, *flags)
+    return workdir, first, publish.published_versions("gs://bucket/published/adapter")
+
+
+def test_an_adapter_run_publishes_its_base_and_adapter_from_the_trainer(adapter_run, bucket):
+    workdir, (version,), _ = adapter_run
+    prefix = f"/bucket/published/adapter/{version}/"
+    marker = json.loads(bucket.store[prefix + contract.PUBLISHED_MARKER_FILE].getvalue())
+    assert marker["parts"] == ["adapter", "base"] and marker["step"] == 3 and marker["run"] == "run-e5f6"
+    names = _objects(bucket, prefix)
+    for part, config_file in (("base", "config.json"), ("adapter", "adapter_config.json")):
+        assert names[f"{part}/{config_file}"] == (workdir / "export" / part / config_file).read_bytes()
+    assert not any(name.startswith("hf/") for name in names)
+
+
+def test_a_relaunch_that_trains_nothing_publishes_nothing(adapter_run):
+    _, first, after_relaunch = adapter_run
+    assert after_relaunch == first
+
+
+def test_publish_parts_of_a_full_fine_tune_is_one_line():
+    with pytest.raises(UserError, match="--publish-parts base,adapter: base and adapter are a LoRA run's"):
+        parse_config(["--preset", "tiny", "--publish-parts", "base,adapter"])

@@ -132,7 +132,8 @@ CASES = (
            args=("--model", "tiny", "--weights", "random", "--data", "prepared"),
            error="--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny"),
     BadRun(section=FLAGS, case="part of the distributed flags", args=("--num-processes", "2"),
-           error="--coordinator-address, --num-processes and --process-id go together: give all three or none"),
+           error="--coordinator-address, --num-processes and --process-id go together: give all three or none "
+           "(--num-processes 1 alone: one process, without cluster detection)"),
     BadRun(section=FLAGS, case="batch larger than the documents", args=("--batch-size", "1000"),
            error="--batch-size 1000: 400 training documents cannot fill 1000 batch rows; lower the batch size or add documents"),
     BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000", "--compute-dtype", "float32"),

@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"WORKDIR/export/<part> (default {','.join(d.publish_parts)})")
     add("--mesh", type=parse_mesh, help=f"device mesh axis sizes, -1 fills (default {format_mesh(d.mesh)})")
     add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
-    add("--num-processes", type=_positive_int, help=f"number of processes (env {DISTRIBUTED_ENV['num_processes']})")
+    add("--num-processes", type=_positive_int, help=f"number of processes; 1 alone: one process, without cluster detection "
+        f"(env {DISTRIBUTED_ENV['num_processes']})")
     add("--process-id", type=_non_negative_int, help=f"this process's index (env {DISTRIBUTED_ENV['process_id']})")
     add("--samples", action=argparse.BooleanOptionalAction, help=f"print sample generations from fixed prompts before and after training (default {'on' if d.samples else 'off'})")
     return parser

@@ -153,7 +153,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
             reporter.text("samples/after", total_steps, sample(state))
     export_final(workdir, state, frozen, config=config, model_config=model_config, tokenizer=inputs.tokenizer)
     if is_main:
-        plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
+        try:
+            plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
+        except UserError as error:  # a nicety: the run's weights are exported and published by now
+            checkpoint.print_warning(f"the loss plot was not drawn: {error}")
     return final_metrics
 
 

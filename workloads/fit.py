@@ -38,7 +38,6 @@ def select_runs(config: StackConfig, run_name: str | None) -> tuple[RunConfig, .
 def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, search_batch: bool = True,
              compare_splits: bool = False) -> list[RunFit]:
     """Compile every selected run's step for its slice (several minutes a run for the real models)."""
-    from trainer.model import models
     from trainer.config import parse_config
     from trainer.run import compile_answers
     from trainer.measure import compiled
@@ -46,10 +45,8 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
     fits = []
     for run in select_runs(config, run_name):
         spec = run_spec(config, run, image=image)
+        # The step is compiled from --model's shapes: the weights, data and tokenizer are not read (docs/fit.md).
         train_config = parse_config(list(spec.trainer_args))
-        # A Hugging Face --weights directory of another model fails here as it would in the Job (the
-        # stack trains Gemma 3 models only, whose tokenizer is Gemma 3's).
-        models.check_weights(train_config, models.model_config(train_config.model, vocab_size=0))
         devices = compiled.tpu_devices(config.tpu.accelerator, config.tpu.topology, num_slices=run.slices)
         compile_answers.say(f"run {run.name}: {train_config.model}, batch {train_config.batch_size} x {train_config.seq_len}, "
                             f"{config.tpu.accelerator} {config.tpu.topology} x {run.slices}")

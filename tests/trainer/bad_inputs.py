@@ -8,6 +8,7 @@ BASE_ARGS and then the case's flags (a later flag replaces an earlier one)."""
 
 import io
 import json
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,31 @@ def _parquet(rows: list[dict]) -> bytes:
     return out.getvalue()
 
 
+GEMMA_CONFIG = json.dumps({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}).encode()
+
+
+def _crafted(change) -> bytes:
+    """A safetensors file of two tensors (embedding rows 0 to 7, then the norm) whose header `change` edits (or
+    replaces, by returning another)."""
+    file = safetensors.numpy.save({"model.embed_tokens.weight": np.arange(16, dtype=np.float32).reshape(8, 2),
+                                   "model.norm.weight": np.ones(2, np.float32)})
+    (length,) = struct.unpack("<Q", file[:8])
+    header = json.loads(file[8:8 + length])
+    header = change(header) or header
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + file[8 + length:]
+
+
+def _set(name: str, key: str, value):
+    return lambda header: header[name].__setitem__(key, value)
+
+
+def _drop(name: str, key: str):
+    def drop(header):
+        del header[name][key]
+    return drop
+
+
 FLAGS = "Trainer flags"
 CONFIG_FILE = "Trainer config file (--config)"
 DATA = "Data files (--data)"
@@ -58,6 +84,8 @@ class BadRun:
     provided: dict[str, str] = field(default_factory=dict)
     described: str = ""  # how the doc shows the files
     base: bool = True
+    # gs:// as a machine without Google Cloud credentials sees it (tests/gcs_stand_in.py).
+    gcs_without_credentials: bool = False
 
     def argv(self) -> list[str]:
         return [*(BASE_ARGS if self.base else ()), *self.args]
@@ -135,7 +163,8 @@ CASES = (
            args=("--model", "tiny", "--weights", "random", "--data", "prepared"),
            error="--model tiny needs --tokenizer (a SentencePiece model), or use --preset tiny"),
     BadRun(section=FLAGS, case="part of the distributed flags", args=("--num-processes", "2"),
-           error="--coordinator-address, --num-processes and --process-id go together: give all three or none"),
+           error="--coordinator-address, --num-processes and --process-id go together: give all three or none "
+           "(--num-processes 1 alone: one process, without cluster detection)"),
     BadRun(section=FLAGS, case="batch larger than the documents", args=("--batch-size", "1000"),
            error="--batch-size 1000: 400 training documents cannot fill 1000 batch rows; lower the batch size or add documents"),
     BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000", "--compute-dtype", "float32"),
@@ -281,6 +310,46 @@ CASES = (
            provided={"first": "a finished run with tokenizer.model", "other.model": "a tokenizer of 400 pieces"},
            error="--weights first/export/hf: its embedding has 512 rows, --model tiny with --tokenizer other.model (400 pieces) "
            "has 400; use the tokenizer the checkpoint was trained with"),
+    BadRun(section=MODEL_FILES, case="Hugging Face weights with a tensor cut in half", args=("--weights", "gemma"),
+           files={"gemma/config.json": GEMMA_CONFIG,
+                  "gemma/model.safetensors": _crafted(_set("model.embed_tokens.weight", "data_offsets", [0, 32]))},
+           described="(the embedding's end offset halved)",
+           error="--weights gemma: model.safetensors is no safetensors file this trainer reads: tensor "
+           "model.embed_tokens.weight: data_offsets [0, 32] hold 32 bytes, its shape [8, 2] of F32 needs 64"),
+    BadRun(section=MODEL_FILES, case="Hugging Face weights with two tensors on the same bytes", args=("--weights", "gemma"),
+           files={"gemma/config.json": GEMMA_CONFIG,
+                  "gemma/model.safetensors": _crafted(_set("model.norm.weight", "data_offsets", [0, 8]))},
+           described="(the norm's offsets inside the embedding's)",
+           error="--weights gemma: model.safetensors is no safetensors file this trainer reads: tensor "
+           "model.embed_tokens.weight: data_offsets [0, 64] overlap model.norm.weight's, which end at 8"),
+    BadRun(section=MODEL_FILES, case="Hugging Face weights with reversed offsets", args=("--weights", "gemma"),
+           files={"gemma/config.json": GEMMA_CONFIG,
+                  "gemma/model.safetensors": _crafted(_set("model.norm.weight", "data_offsets", [72, 64]))},
+           error="--weights gemma: model.safetensors is no safetensors file this trainer reads: tensor "
+           "model.norm.weight: data_offsets [72, 64] are reversed"),
+    BadRun(section=MODEL_FILES, case="Hugging Face weights whose header is a list", args=("--weights", "gemma"),
+           files={"gemma/config.json": GEMMA_CONFIG, "gemma/model.safetensors": _crafted(lambda header: [header])},
+           error="--weights gemma: model.safetensors is no safetensors file this trainer reads: its header is a JSON "
+           "list, not an object"),
+    BadRun(section=MODEL_FILES, case="Hugging Face weights without data_offsets", args=("--weights", "gemma"),
+           files={"gemma/config.json": GEMMA_CONFIG,
+                  "gemma/model.safetensors": _crafted(_drop("model.norm.weight", "data_offsets"))},
+           error="--weights gemma: model.safetensors is no safetensors file this trainer reads: tensor "
+           "model.norm.weight: data_offsets None are not two byte offsets"),
+    BadRun(section=MODEL_FILES, case="Hugging Face config.json that is a list", args=("--weights", "gemma"),
+           files={"gemma/config.json": b"[" + GEMMA_CONFIG + b"]"},
+           error="--weights gemma: config.json is a JSON list, not an object"),
+    BadRun(section=MODEL_FILES, case="Hugging Face index whose weight_map is a list", args=("--weights", "gemma"),
+           files={"gemma/config.json": GEMMA_CONFIG,
+                  "gemma/model.safetensors.index.json": json.dumps({"weight_map": ["model.safetensors"]}).encode()},
+           error="--weights gemma: model.safetensors.index.json's weight_map is not a map of tensor names to file names"),
+    BadRun(section=MODEL_FILES, case="Hugging Face directory on gs:// without credentials",
+           args=("--weights", "gs://team-bucket/gemma-3-1b"), gcs_without_credentials=True,
+           described="(no Google Cloud credentials on this machine)",
+           error="--weights gs://team-bucket/gemma-3-1b: cannot read it (Anonymous caller does not have "
+           "storage.objects.get access to the Google Cloud Storage object., 401); check the network and the Google "
+           "Cloud credentials (`gcloud auth application-default login`; on GKE, a Workload Identity binding of the "
+           "pod's service account), or copy the directory to a local disk and pass that"),
     BadRun(section=MODEL_FILES, case="LoRA adapter of another rank", args=("--lora-rank", "4", "--lora-weights", "adapter"),
            files={"adapter/adapter_config.json": json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8}).encode(),
                   "adapter/adapter_model.safetensors": safetensors.numpy.save({"x": np.zeros(1, np.float32)})},

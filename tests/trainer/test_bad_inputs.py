@@ -6,9 +6,11 @@ import os
 import pathlib
 import subprocess
 import sys
+from contextlib import nullcontext
 
 import pytest
 
+from tests import gcs_stand_in
 from tests.trainer.bad_inputs import CASES, OPEN_END, markdown_sections
 from trainer import contract
 from trainer.__main__ import main
@@ -78,7 +80,9 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_valid_looking(case, tmp
                                                                        tokenizer_path, prepared_dir):
     folder = _case_folder(case, tmp_path, provided, tokenizer_path, prepared_dir)
     monkeypatch.chdir(folder)
-    assert main(case.argv()) == contract.USER_ERROR
+    gcs = gcs_stand_in.unreachable(gcs_stand_in.NO_CREDENTIALS, tmp_path) if case.gcs_without_credentials else nullcontext()
+    with gcs:
+        assert main(case.argv()) == contract.USER_ERROR
     captured = capsys.readouterr()
     _check_line(captured.err, case)
     assert captured.out == ""

@@ -2,20 +2,14 @@
 for its own slice shape and number of slices; a run that does not fit is one line that says by how
 much and what to change, and the command exits 2. (The compile itself: tests/trainer/measure.)"""
 
-import dataclasses
-import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
+from tests import gcs_stand_in
 from tests.workloads.conftest import IMAGE, REPO, edited_config, spec_of, stack_config
-from trainer.config import GEMMA3_MODELS
 from trainer.contract import USER_ERROR
-from trainer.errors import UserError
-from trainer.hf.config import model_config_json
 from trainer.measure import compiled
 from workloads import fit
 
@@ -124,19 +118,14 @@ def test_a_run_that_does_not_fit_gets_by_how_much_and_what_to_change():
     assert "loraRank" not in fit.advice({**report, "lora_rank": 8})
 
 
-def test_a_hugging_face_directory_of_another_model_is_one_line_before_any_compile(monkeypatch, tmp_path):
-    """gemma-tpu:training.weights a Hugging Face directory (gs:// in the stack; a local copy here) of another
-    Gemma 3 size: fit refuses it from its config.json, naming the key, as the Job would."""
+def test_fit_reads_nothing_of_the_weights(monkeypatch, tmp_path):
+    """gemma-tpu:training.weights on gs:// (a Hugging Face directory or a checkpoint): fit compiles from --model's
+    shapes, on a machine without Google Cloud credentials too, and asks the bucket nothing."""
     compiles = _Compiles()
     monkeypatch.setattr(compiled, "fit", compiles)
-    config = edited_config("dev", training={"weights": "gs://team-data/gemma-3-27b-it"})
-    assert config.runs[0].training.model != "gemma3-27b"
-    (tmp_path / "config.json").write_text(json.dumps(model_config_json(GEMMA3_MODELS["gemma3-27b"], dtype="bfloat16", bos_id=2,
-                                                                       eos_id=1, pad_id=0)))
-    save_file({"model.norm.weight": np.zeros(5376, np.float32)}, tmp_path / "model.safetensors")
-    run_spec = fit.run_spec
-    monkeypatch.setattr(fit, "run_spec", lambda *args, **kwargs: dataclasses.replace(run_spec(*args, **kwargs), trainer_args=tuple(
-        str(tmp_path) if arg == "gs://team-data/gemma-3-27b-it" else arg for arg in run_spec(*args, **kwargs).trainer_args)))
-    with pytest.raises(UserError, match=f"^--weights {tmp_path}: config.json's hidden_size is 5376, --model gemma3-"):
-        fit.fit_runs(config, image=IMAGE)
-    assert compiles.calls == []
+    config = edited_config("dev", training={"weights": "gs://team-data/gemma-3-1b-it"})
+    with gcs_stand_in.unreachable(gcs_stand_in.NO_CREDENTIALS, tmp_path) as requests:
+        fits = fit.fit_runs(config, image=IMAGE)
+    assert requests == []
+    assert [f.run for f in fits] == [run.name for run in config.runs]
+    assert compiles.calls[0][0].weights == "gs://team-data/gemma-3-1b-it"

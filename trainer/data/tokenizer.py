@@ -16,6 +16,7 @@ from trainer.data import chat, formats
 from trainer.data.corpus import SEPARATOR
 from trainer.errors import UserError
 from trainer.shared_files import replaced_atomically
+from trainer.storage_failures import reading
 
 
 # The Gemma 3 tokenizer of the official weights (the gemma package's `gm.text.Gemma3Tokenizer.path`).
@@ -154,13 +155,9 @@ def load_tokenizer(path) -> Tokenizer:
     """Loads the SentencePiece model at `path` (a local path or gs://). Raises UserError naming the
     file when it is missing, is not a SentencePiece model, or has no PAD 0 / EOS / BOS ids."""
     file = epath.Path(path)
-    try:
+    with reading("tokenizer", path, instead="pass a local SentencePiece .model file"):
         found = file.is_file()
         model_bytes = file.read_bytes() if found else b""
-    except Exception as error:  # a gs:// path reads through gcsfs, whose errors (auth, HTTP) are no OSErrors
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"tokenizer {path}: cannot read it ({reason}); check the network and Google Cloud credentials "
-                        "(gcloud auth application-default login), or pass a local SentencePiece .model file") from None
     if not found:
         raise UserError(f"tokenizer {path}: file not found; pass the path of a SentencePiece .model file")
     processor = spm.SentencePieceProcessor()

@@ -46,12 +46,24 @@ def is_model_directory(path: str) -> bool:
 
 
 def _read_json(path: epath.Path, flag: str, directory: str) -> dict:
+    """A JSON object file of the directory (config.json, an index, adapter_config.json)."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{flag} {directory}: no {path.name} there") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{flag} {directory}: {path.name} is not JSON ({error})") from None
+    if not isinstance(found, dict):
+        raise UserError(f"{flag} {directory}: {path.name} is a JSON {type(found).__name__}, not an object")
+    return found
+
+
+def _shard_files(index: dict, flag: str, directory: str) -> list[str]:
+    """The files an index's weight_map names: a map of tensor names to file names in the directory."""
+    weight_map = index.get("weight_map")
+    if not (isinstance(weight_map, dict) and all(isinstance(f, str) and f and "/" not in f for f in weight_map.values())):
+        raise UserError(f"{flag} {directory}: {INDEX}'s weight_map is not a map of tensor names to file names")
+    return sorted(set(weight_map.values()))
 
 
 class _Tensors:
@@ -67,7 +79,7 @@ class _Tensors:
             try:
                 file = SafetensorsFile(path)
             except NotSafetensors as error:
-                raise UserError(f"{flag} {directory}: {name} is no weights file this trainer reads ({error})") from None
+                raise UserError(f"{flag} {directory}: {name} is no safetensors file this trainer reads: {error}") from None
             self.location.update(dict.fromkeys(file.entries, file))
 
     @property
@@ -145,13 +157,16 @@ class ModelDirectory:
         directory = epath.Path(path)
         config = _read_json(directory / CONFIG, flag, path)
         architectures, model_type = config.get("architectures") or [], config.get("model_type")
-        if model_type not in MODEL_TYPES or not {TEXT_MODEL, MULTIMODAL_MODEL} & set(architectures):
+        named = {name for name in architectures if isinstance(name, str)} if isinstance(architectures, list) else set()
+        if model_type not in MODEL_TYPES or not {TEXT_MODEL, MULTIMODAL_MODEL} & named:
             raise UserError(f"{flag} {path}: not a Gemma 3 model (config.json: architectures {architectures}, model_type "
                             f"{model_type!r}); give a {TEXT_MODEL} or {MULTIMODAL_MODEL} directory")
         self.multimodal = model_type == "gemma3"
         self.text_config = (config.get("text_config") or {}) if self.multimodal else config
+        if not isinstance(self.text_config, dict):
+            raise UserError(f"{flag} {path}: config.json's text_config is not an object")
         if (directory / INDEX).exists():
-            files = sorted(set(_read_json(directory / INDEX, flag, path).get("weight_map", {}).values()))
+            files = _shard_files(_read_json(directory / INDEX, flag, path), flag, path)
         else:
             files = [SINGLE]
         self.tensors = _Tensors(path, files, flag)
@@ -164,6 +179,8 @@ class ModelDirectory:
             theirs = hf_config.architecture(self.text_config)
         except KeyError as error:
             raise UserError(f"{self.flag} {self.path}: config.json has no {error.args[0]}; is it a complete Gemma 3 config?") from None
+        except (TypeError, ValueError, AttributeError) as error:  # a value of another type than Gemma 3's
+            raise UserError(f"{self.flag} {self.path}: config.json is no Gemma 3 config this trainer reads ({error})") from None
         for key, value in ours.items():
             if theirs[key] != value:
                 raise UserError(f"{self.flag} {self.path}: config.json's {key} is {theirs[key]}, --model {model_name} has "
@@ -214,9 +231,13 @@ class AdapterDirectory:
         if self.config.get("r") != lora_rank:
             raise UserError(f"{self.flag} {self.path}: the adapter's rank (r) is {self.config.get('r')}, the run's "
                             f"--lora-rank {lora_rank}; pass --lora-rank {self.config.get('r')}")
+        alpha = self.config.get("lora_alpha")
+        if alpha is not None and type(alpha) not in (int, float):
+            raise UserError(f"{self.flag} {self.path}: adapter_config.json's lora_alpha is {alpha!r}, not a number")
         modules = self.config.get("target_modules")
         ours = {*hf_weights.ATTENTION_MODULES, *hf_weights.MLP_MODULES}
-        if modules != "all-linear" and set(modules or ()) != ours:
+        listed = isinstance(modules, list) and all(isinstance(module, str) for module in modules)
+        if modules != "all-linear" and not (listed and set(modules) == ours):
             raise UserError(f"{self.flag} {self.path}: the adapter's target_modules are {modules}; this trainer's LoRA "
                             f"adapts {', '.join(sorted(ours))}")
         abstract = expected

@@ -20,8 +20,11 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 def plot_loss(metrics_jsonl, png_path) -> pathlib.Path:
     """Train loss (and eval loss when the run reported one) against step, written to `png_path`."""
     # The figure is drawn on the Agg canvas directly: no pyplot, no display, no global backend.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise UserError(f"drawing {png_path} needs matplotlib, which is not installed ({error}); pip install matplotlib") from None
 
     records = read_metrics(metrics_jsonl)
     train_steps, train_loss = series(records, "loss")

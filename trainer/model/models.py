@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 
 from trainer.model import params_io
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
@@ -20,8 +21,11 @@ from trainer.gemma3 import config as gemma3_config
 from trainer.gemma3.config import Gemma3Config
 from trainer.gemma3.model import LORA, Transformer
 from trainer.hf import load as hf_load
+from trainer.storage_failures import reading
 
 Params = dict[str, Any]
+# What a --weights or --lora-weights path that cannot be read may be replaced with.
+_LOCAL_COPY = "copy the directory to a local disk and pass that"
 
 
 def model_config(name: str, *, vocab_size: int) -> Gemma3Config:
@@ -165,8 +169,13 @@ def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
     fresh = lambda: init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)  # noqa: E731
     if config.lora_weights and not resuming:  # a resumed run's adapters are its checkpoint's
         expected = jax.eval_shape(fresh)
-        return hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected)), base
+        with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
+            return hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected)), base
     return fresh(), base
+
+
+def _weights_path(config: TrainConfig) -> str:
+    return official_checkpoint(config.model) if config.weights == "official" else config.weights
 
 
 def _base_weights(config: TrainConfig, model_config, shard):
@@ -174,20 +183,28 @@ def _base_weights(config: TrainConfig, model_config, shard):
     a Hugging Face directory."""
     if config.weights == "random":
         return init_params(model_config, seed=config.seed, out_shardings=shard)
-    path = official_checkpoint(config.model) if config.weights == "official" else config.weights
+    path = _weights_path(config)
     expected = jax.eval_shape(lambda: init_params(model_config, seed=config.seed))
-    if config.weights != "official" and hf_load.is_model_directory(path):
-        return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected))
-    return load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
+    with reading("--weights", path, instead=_LOCAL_COPY):
+        if config.weights != "official" and hf_load.is_model_directory(path):
+            return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected))
+        return load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
 
 
 def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
-    """The run's Hugging Face --weights and --lora-weights (if it has them) against its model and tokenizer,
-    from their configs and headers: before any weight is read or step compiled."""
-    if config.weights not in ("official", "random") and hf_load.is_model_directory(config.weights):
-        expected = jax.eval_shape(lambda: init_params(model_config, seed=0))
-        hf_load.ModelDirectory(config.weights).check(config.model, model_config, expected, tokenizer=tokenizer,
-                                                     vocab_size=vocab_size)
+    """The run's --weights and --lora-weights (if it has them) against its model and tokenizer, before any
+    weight is read or step compiled: a Hugging Face directory from its configs and headers; a gs:// path
+    the run cannot read (credentials, network) is one line here rather than a traceback later."""
+    if config.weights != "random":
+        path = _weights_path(config)
+        with reading("--weights", path, instead=_LOCAL_COPY):
+            if config.weights != "official" and hf_load.is_model_directory(path):
+                expected = jax.eval_shape(lambda: init_params(model_config, seed=0))
+                hf_load.ModelDirectory(path).check(config.model, model_config, expected, tokenizer=tokenizer,
+                                                   vocab_size=vocab_size)
+            elif "://" in path:
+                epath.Path(path).exists()
     if config.lora_weights:
         expected = jax.eval_shape(lambda: init_adapters(model_config, seed=0, lora_rank=config.lora_rank))
-        hf_load.AdapterDirectory(config.lora_weights).check(model_config, expected, lora_rank=config.lora_rank)
+        with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
+            hf_load.AdapterDirectory(config.lora_weights).check(model_config, expected, lora_rank=config.lora_rank)

@@ -14,6 +14,7 @@ import glob
 import importlib.util
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -28,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trainer.config import format_mesh
 from trainer.nn.sharding import fsdp_spec
 from trainer.errors import UserError, entry_point
+from trainer.storage_failures import first_line
 
 BATCH_AXES = ("data", "fsdp")
 _GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
@@ -63,14 +65,21 @@ def _accelerator_installed() -> bool:
 def initialize_distributed(*, coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> bool:
     """Calls jax.distributed.initialize() where it applies; returns whether it did.
 
-    Given explicitly (flags or JAX_* env): those. On TPU/GPU: JAX's cluster auto-detection (GKE,
-    multislice), so that even one host gets the preemption service that turns SIGTERM into a sync
-    point. On CPU without them: skipped, single process.
+    Given explicitly (flags or JAX_* env): those; `--num-processes 1` alone: one process of its own, with
+    no cluster detection. On TPU/GPU otherwise: JAX's cluster auto-detection (GKE, multislice), so that
+    even one host gets the preemption service that turns SIGTERM into a sync point. Where detection finds
+    no cluster or fails before reaching one (a TPU VM outside GKE whose metadata server does not answer:
+    requests' ConnectionError), one process of its own, said in one line. On CPU without them: skipped,
+    single process.
     """
+    if num_processes == 1 and coordinator_address is None and process_id in (None, 0):
+        _initialize_alone()
+        return True
     explicit = (coordinator_address, num_processes, process_id)
     if any(value is not None for value in explicit):
         if any(value is None for value in explicit):
-            raise UserError("--coordinator-address, --num-processes and --process-id go together: give all three or none")
+            raise UserError("--coordinator-address, --num-processes and --process-id go together: give all three or none "
+                            "(--num-processes 1 alone: one process, without cluster detection)")
         if process_id >= num_processes:
             raise UserError(f"--process-id {process_id} must be below --num-processes {num_processes}")
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id)
@@ -79,10 +88,21 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
         return False
     try:
         jax.distributed.initialize()
-    except ValueError:
-        # No cluster detected (e.g. a lone GPU box): become a one-process job of our own.
-        jax.distributed.initialize(coordinator_address=f"localhost:{_free_port()}", num_processes=1, process_id=0)
+    except Exception as error:
+        if distributed.global_state.client is not None or distributed.global_state.service is not None:
+            raise  # a cluster was found; joining it failed
+        print(f"trainer: notice: no cluster detected ({type(error).__name__}: {first_line(error)}); training as one "
+              "process on this host (--num-processes 1 skips the detection; --coordinator-address, --num-processes and "
+              "--process-id join a cluster)", file=sys.stderr, flush=True)
+        _initialize_alone()
     return True
+
+
+def _initialize_alone() -> None:
+    """A one-process job of its own: the preemption service without a cluster, and no detection (which on a
+    TPU host asks the metadata server again)."""
+    jax.distributed.initialize(coordinator_address=f"localhost:{_free_port()}", num_processes=1, process_id=0,
+                               cluster_detection_method="deactivate")
 
 
 def process_zero_first(what: str, make: Callable[[], T]) -> T:

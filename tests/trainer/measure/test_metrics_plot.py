@@ -1,11 +1,13 @@
 """The loss plot: a real PNG from metrics.jsonl, and the points it draws."""
 
 import io
+import sys
 
 import matplotlib.image
 import pytest
 
 from trainer import contract
+from trainer.__main__ import main as train_main
 from trainer.errors import UserError
 from trainer.run.metrics import METRICS_FILE, MetricsReporter, read_metrics
 from trainer.measure.plot import main, plot_loss, series
@@ -57,3 +59,30 @@ def test_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "nope.jsonl")]) == contract.USER_ERROR
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "nope.jsonl does not exist" in error
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """As on a machine without matplotlib: importing the parts the plot draws with fails."""
+    for name in ("matplotlib.backends.backend_agg", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_without_matplotlib_the_cli_is_one_line(metrics_path, no_matplotlib, capsys):
+    assert main([str(metrics_path)]) == contract.USER_ERROR
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "needs matplotlib, which is not installed" in error
+    assert not (metrics_path.parent / "loss.png").exists()
+
+
+def test_a_run_without_matplotlib_warns_and_succeeds(no_matplotlib, tmp_path, capsys, tokenizer_path, prepared_dir):
+    """The plot comes after the export and the publication: its failure is a warning, not a failed run (exit 1 before)."""
+    workdir = tmp_path / "run"
+    assert train_main(["--model", "tiny", "--weights", "random", "--tokenizer", str(tokenizer_path), "--data", str(prepared_dir),
+                       "--workdir", str(workdir), "--steps", "1", "--seq-len", "32", "--batch-size", "4", "--eval-fraction",
+                       "0", "--no-samples"]) == contract.OK
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trainer: warning:")]
+    assert warnings == [f"trainer: warning: the loss plot was not drawn: drawing {workdir / 'loss.png'} needs matplotlib, "
+                        "which is not installed (import of matplotlib.backends.backend_agg halted; None in sys.modules); "
+                        "pip install matplotlib"]
+    assert (workdir / "export").is_dir() and not (workdir / "loss.png").exists()

@@ -1,5 +1,6 @@
-"""The training runs as Pulumi resources: the dicts of workloads.manifests, applied by the cluster's
-provider once the namespace, its ServiceAccounts, the JobSet controller (and the queue) exist.
+"""The training runs as Pulumi resources: the dicts of workloads.manifests and workloads.preparation,
+applied by the cluster's provider once the namespace, its ServiceAccounts, the JobSet controller (and
+the queue) exist.
 
 A stack without gemma-tpu:runs has one TrainingRun, `training`, holding its own data preparation.
 With gemma-tpu:runs each run is `run-<name>` and each dataset's preparation `data-<key>`: adding a
@@ -14,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import PROJECT, RunConfig, StackConfig
-from workloads import manifests
+from workloads import manifests, preparation
 from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_shape, run_spec
 
 
@@ -63,7 +64,7 @@ def _apply(parent, name, obj, provider, *, depends_on, jobset=False, custom_time
 def _apply_preparation(parent, spec: pulumi.Output[RunSpec], platform: RunPlatform) -> pulumi.Resource:
     """The dataset's preparation Job, awaited up to its deadline: a bad dataset URL fails `pulumi up`."""
     return _apply(
-        parent, "prepare-data", spec.apply(manifests.preparation_job), platform.provider,
+        parent, "prepare-data", spec.apply(preparation.preparation_job), platform.provider,
         depends_on=platform.preparation_prerequisites,
         custom_timeouts=pulumi.CustomTimeouts(create=f"{PREPARE_DEADLINE_SECONDS}s"),
     )  # fmt: skip

@@ -1,6 +1,7 @@
-"""The workloads as Pulumi resources: the training runs (the dicts of workloads.manifests), applied by
-the cluster's provider once the namespace, its ServiceAccounts, the JobSet controller (and the queue)
-exist, and the serving (workloads.serving's) of the version that `pulumi up` finds.
+"""The workloads as Pulumi resources: the training runs (the dicts of workloads.manifests and
+workloads.preparation), applied by the cluster's provider once the namespace, its ServiceAccounts, the
+JobSet controller (and the queue) exist, and the serving (workloads.serving's) of the version that
+`pulumi up` finds.
 
 A stack without gemma-tpu:runs has one TrainingRun, `training`, holding its own data preparation.
 With gemma-tpu:runs each run is `run-<name>` and each dataset's preparation `data-<key>`: adding a
@@ -17,7 +18,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config import PROJECT, RunConfig, StackConfig
 from trainer.contract import PUBLISHED_MARKER_FILE
-from workloads import manifests, serving
+from workloads import manifests, preparation, serving
 from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_shape, run_spec
 
 
@@ -66,7 +67,7 @@ def _apply(parent, name, obj, provider, *, depends_on, jobset=False, custom_time
 def _apply_preparation(parent, spec: pulumi.Output[RunSpec], platform: RunPlatform) -> pulumi.Resource:
     """The dataset's preparation Job, awaited up to its deadline: a bad dataset URL fails `pulumi up`."""
     return _apply(
-        parent, "prepare-data", spec.apply(manifests.preparation_job), platform.provider,
+        parent, "prepare-data", spec.apply(preparation.preparation_job), platform.provider,
         depends_on=platform.preparation_prerequisites,
         custom_timeouts=pulumi.CustomTimeouts(create=f"{PREPARE_DEADLINE_SECONDS}s"),
     )  # fmt: skip

@@ -65,7 +65,7 @@ def advice(report: dict) -> str:
     needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
     changes = []
     if report["largest_batch"]:
-        changes.append(f"batchSize {report['largest_batch']} or less")
+        changes.append(f"batchSize {report['largest_batch']} or less (it fits with remat {report['largest_batch_remat']})")
     if not report["lora_rank"]:
         changes.append("loraRank 8 (LoRA trains ~1% of the weights)")
     changes.append("a larger topology or more slices")
@@ -76,20 +76,28 @@ def advice(report: dict) -> str:
 
 _COLUMNS = (("run", "run", "{}"), ("slice", None, None), ("compiled GiB/chip", "compiled_bytes_per_chip", "{:.2f}"),
             ("usable GiB", "usable_hbm_bytes_per_chip", "{:.2f}"), ("headroom GiB", "headroom_gib", "{:.2f}"),
-            ("largest batch", "largest_batch", "{}"), ("TFLOP/chip/step", "flops_per_chip_per_step", "{:.2f}"),
+            ("largest batch", None, None), ("TFLOP/chip/step", "flops_per_chip_per_step", "{:.2f}"),
             ("GB accessed/chip", "bytes_accessed_per_chip", "{:.1f}"), ("bound ms", "step_time_bound_s", "{:.1f}"),
             ("bound by", "bound_by", "{}"), ("MFU bound", "mfu_bound", "{:.0%}"))
 _SCALE = {"compiled_bytes_per_chip": _GIB, "usable_hbm_bytes_per_chip": _GIB, "flops_per_chip_per_step": 1e12,
           "bytes_accessed_per_chip": 1e9, "step_time_bound_s": 1e-3}
 
 
+def _composed_cell(title: str, report: dict) -> str:
+    if title == "slice":
+        return f"{report['accelerator']} {report['topology']} x{report['slices']}"
+    if report.get("largest_batch") is None:  # --no-batch-search
+        return "-"
+    return f"{report['largest_batch']} (remat {report['largest_batch_remat']})"
+
+
 def table(reports: list[dict]) -> str:
     rows = [[title for title, _, _ in _COLUMNS]]
     for report in reports:
         row = []
-        for _, key, form in _COLUMNS:
+        for title, key, form in _COLUMNS:
             if key is None:
-                row.append(f"{report['accelerator']} {report['topology']} x{report['slices']}")
+                row.append(_composed_cell(title, report))
             elif key not in report:
                 row.append("-")
             else:

@@ -1,4 +1,6 @@
-"""Pure builders: a RunSpec in, plain Kubernetes dicts out (nothing here talks to a cluster).
+"""The training objects, and every object of the stack's runs in the order they are applied. Pure
+builders: a RunSpec in, plain Kubernetes dicts out (nothing here talks to a cluster). What every pod
+shares is workloads.pods; the data preparation Job, workloads.preparation.
 
 Shapes: one host -> a batch/v1 Job; one multi-host slice -> a JobSet with one Job of `hosts` pods;
 N slices -> the same JobSet with `replicas: N` and exclusive placement, one slice's Job per node
@@ -6,7 +8,7 @@ pool. Autopilot gets the same objects: pods find TPU nodes by the catalog's node
 (no node pool names), which is also all a Standard cluster needs, except for a reservation: its
 pods select the node pools bound to it (spec.tpu_node_pools).
 
-Data before training: the data preparation Job writes its output with a marker file in it, renamed
+Data before training: the data preparation Job (workloads.preparation) writes its output with a marker file in it, renamed
 into place when complete (trainer.contract.PREPARED_MARKER_FILE). Every training container first
 waits for that marker on its read-only data mount, then execs the trainer. This ordering holds for
 every shape (a batch/v1 Job has no JobSet `dependsOn`), however the objects are applied (`pulumi up`
@@ -29,11 +31,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from infra.cloud.accounts import namespace_object, service_account_object
-from infra.config import CACHE_HEADROOM_GIB
 from infra.queueing.queues import MAX_RUN_ANNOTATION, PRIORITY_LABEL, QUEUE_LABEL
 from infra.catalog.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from trainer import contract
-from trainer.contract import TRAINER_UID
+from workloads.pods import (
+    CONTAINER_SECURITY,
+    SKIP_AWAIT,
+    fuse_cache_volume,
+    fuse_volume,
+    object_labels,
+    object_metadata,
+    pod_metadata,
+    pod_security,
+)
+from workloads.preparation import preparation_jobs
 from workloads.spec import (
     ARTIFACTS_MOUNT,
     DATA_MOUNT,
@@ -46,7 +57,6 @@ from workloads.spec import (
 )
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
-PREPARE_CONTAINER = "prepare"
 # JobSet failure-policy rule names match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$: no hyphens
 # (the CRD's description of failurePolicy.rules[].name; the validating webhook enforces it).
 FAIL_ON_ERRORS_RULE = "FailOnNonRetryableExit"
@@ -60,73 +70,7 @@ DISRUPTION_CONDITION = "DisruptionTarget"
 # searches it with this RE2 pattern (jobset pkg/controllers/failure_policy.go, regexp.MatchString).
 DISRUPTION_MESSAGE_PATTERN = f"^Pod [^ ]+ has condition {DISRUPTION_CONDITION} matching FailJob rule"
 EXCLUSIVE_TOPOLOGY = {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
-# pulumi-kubernetes otherwise waits for a Job to complete and fails the update after 10 minutes.
-SKIP_AWAIT = {"pulumi.com/skipAwait": "true"}
-_FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
-# The GCS FUSE sidecar keeps its file cache in this pod volume when it exists, on the node's disk,
-# instead of in its own small ephemeral-storage allowance.
-_FUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
-_SOURCE_MOUNT = "/source"  # a gs:// dataset's bucket, read-only, in the preparation pod
-_SCRATCH_MOUNT = "/scratch"  # a downloaded dataset, in the preparation pod
-_PREPARE_CPUS = 2
-_PREPARE_MEMORY = "4Gi"
-_PREPARE_SCRATCH = "10Gi"  # the raw text (TinyStories: ~2 GB); 10Gi is also within Autopilot limits
-_PREPARE_RETRIES = 2  # a transient download or GCS error; safe, preparation is idempotent
 _POLL_SECONDS = 10
-_LABEL = "app.kubernetes.io"
-
-
-def object_labels(component: str, name: str) -> dict[str, str]:
-    return {f"{_LABEL}/name": "gemma-tpu", f"{_LABEL}/component": component, f"{_LABEL}/instance": name}
-
-
-def fuse_volume(name: str, bucket: str, *, uid: int, read_only: bool, cache_gib: int = 0) -> dict[str, Any]:
-    """A GCS FUSE CSI ephemeral volume whose files belong to `uid`, cached on disk up to `cache_gib`.
-
-    Mount options: the driver itself mounts with allow_other and default_permissions and keeps only
-    rw and ro for the kernel; every other option is handed to gcsfuse as `--name=value`. So an
-    `allow_other` here would become `--allow_other`, which gcsfuse has no flag for, and fail the
-    mount (GoogleCloudPlatform/gcs-fuse-csi-driver pkg/util/util.go, mount options prepared for
-    the kernel, and pkg/sidecar_mounter/sidecar_mounter.go, flags; the same from v1.4.0 to 2026).
-    `uid=`/`gid=` are gcsfuse flags in every version (the driver's default is root).
-    """
-    attributes = {"bucketName": bucket, "mountOptions": f"uid={uid},gid={uid}"}
-    if cache_gib:
-        # Training data does not change during a run: cache whole files (also on the random reads
-        # of the loader) and all their metadata. The metadata TTL stays at its default, so the
-        # data wait sees the preparation marker appear instead of a cached "no such file".
-        attributes |= {
-            "fileCacheCapacity": f"{cache_gib}Gi",
-            "fileCacheForRangeRead": "true",
-            "metadataStatCacheCapacity": "-1",
-            "metadataTypeCacheCapacity": "-1",
-        }
-    return {"name": name, "csi": {"driver": _FUSE_DRIVER, "readOnly": read_only, "volumeAttributes": attributes}}
-
-
-def _fuse_cache_volume(cache_gib: int) -> dict[str, Any]:
-    """The sidecar's file cache volume, bounded: an emptyDir without a limit lets the cache fill
-    the node's disk, and on Autopilot the pod is evicted once it passes its ephemeral storage."""
-    return {"name": _FUSE_CACHE_VOLUME, "emptyDir": {"sizeLimit": f"{cache_gib + CACHE_HEADROOM_GIB}Gi"}}
-
-
-def pod_metadata(labels: dict[str, str], *, evictable: bool) -> dict[str, Any]:
-    annotations = {"gke-gcsfuse/volumes": "true"}
-    if not evictable:
-        annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
-    return {"labels": labels, "annotations": annotations}
-
-
-def pod_security(uid: int) -> dict[str, Any]:
-    """The pod's user and group. Root (the gemma-tpu:trainerRunsAsRoot fallback) still runs with
-    every capability dropped: it only owns what root owns, such as the TPU device files."""
-    # fsGroup: the GCS FUSE sidecar (its own non-root user) may write the cache volume; without it
-    # it fails with "mkdir /gcsfuse-cache/.volumes: permission denied" (the driver's troubleshooting guide).
-    return {"runAsNonRoot": uid != 0, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid}
-
-
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-
 
 # The image's entrypoint (trainer/Dockerfile), run once the prepared data is there.
 _TRAINER_COMMAND = ("python", "-m", "trainer")
@@ -200,7 +144,7 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             "volumes": [
                 fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
                 fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
-                _fuse_cache_volume(spec.data_cache_gib),
+                fuse_cache_volume(spec.data_cache_gib),
             ],
         },
     }
@@ -219,13 +163,6 @@ def _pod_failure_policy(on_disruption: str) -> dict[str, Any]:
             },
         ]
     }
-
-
-def _metadata(spec: RunSpec, name: str, component: str, annotations: dict[str, str]) -> dict[str, Any]:
-    metadata = {"name": name, "namespace": spec.namespace, "labels": object_labels(component, name)}
-    if annotations:
-        metadata["annotations"] = annotations
-    return metadata
 
 
 def _queued(spec: RunSpec, training_object: dict[str, Any]) -> dict[str, Any]:
@@ -263,7 +200,7 @@ def training_job(spec: RunSpec) -> dict[str, Any]:
     return _queued(spec, {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(spec, spec.name, "train", SKIP_AWAIT),
+        "metadata": object_metadata(spec.namespace, spec.name, "train", SKIP_AWAIT),
         "spec": {
             "backoffLimit": spec.max_restarts,
             # A disruption replaces the pod without spending a restart.
@@ -304,7 +241,7 @@ def training_jobset(spec: RunSpec) -> dict[str, Any]:
     return _queued(spec, {
         "apiVersion": JOBSET_API_VERSION,
         "kind": "JobSet",
-        "metadata": _metadata(spec, spec.name, "train", EXCLUSIVE_TOPOLOGY if spec.exclusive_pools else {}),
+        "metadata": object_metadata(spec.namespace, spec.name, "train", EXCLUSIVE_TOPOLOGY if spec.exclusive_pools else {}),
         "spec": jobset_spec,
     })
 
@@ -312,83 +249,6 @@ def training_jobset(spec: RunSpec) -> dict[str, Any]:
 def training(spec: RunSpec) -> dict[str, Any]:
     """The training object of the spec's shape."""
     return training_job(spec) if spec.shape == "job" else training_jobset(spec)
-
-
-# `python -m trainer.data.prepare` in the trainer image, whose entrypoint is the trainer's. Idempotent: a
-# complete output (its marker) ends it before any download.
-_PREPARE_COMMAND = ("python", "-m", "trainer.data.prepare")
-
-
-def _dataset_source(spec: RunSpec) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The --input arguments, volumes and mounts of the raw dataset: a URL, downloaded into the
-    scratch volume; an object in the data bucket, through the data mount; one in another bucket,
-    through a read-only mount of that bucket."""
-    if not spec.dataset.startswith("gs://"):
-        scratch = {"name": "scratch", "emptyDir": {"sizeLimit": _PREPARE_SCRATCH}}
-        mount = {"name": "scratch", "mountPath": _SCRATCH_MOUNT}
-        return ["--input", spec.dataset, "--download-dir", _SCRATCH_MOUNT], [scratch], [mount]
-    bucket, _, path = spec.dataset.removeprefix("gs://").partition("/")
-    if bucket == spec.data_bucket:
-        return ["--input", f"{DATA_MOUNT}/{path}"], [], []
-    volume = fuse_volume("source", bucket, uid=TRAINER_UID, read_only=True)  # read once, start to end: no cache
-    mount = {"name": "source", "mountPath": _SOURCE_MOUNT, "readOnly": True}
-    return ["--input", f"{_SOURCE_MOUNT}/{path}"], [volume], [mount]
-
-
-def preparation_job(spec: RunSpec) -> dict[str, Any]:
-    """The data preparation Job on a CPU node: download (or mount) the corpus and tokenize it
-    into `spec.prepared_dir` of the data bucket, unless that is already complete."""
-    source_args, source_volumes, source_mounts = _dataset_source(spec)
-    # The official tokenizer: the one the trainer reads the prepared data with (every model but tiny).
-    # trainer.data.prepare writes `spec.prepared_path` with its marker, contract.PREPARED_MARKER_FILE, last.
-    args = [*source_args, *spec.preparation_flags, "--tokenizer", "official", "--output", spec.prepared_path,
-            "--workers", str(_PREPARE_CPUS)]  # fmt: skip
-    resources = {"cpu": str(_PREPARE_CPUS), "memory": _PREPARE_MEMORY, "ephemeral-storage": _PREPARE_SCRATCH}
-    container = {
-        "name": PREPARE_CONTAINER,
-        "image": spec.image,
-        "command": list(_PREPARE_COMMAND),
-        "args": args,
-        "resources": {"requests": resources, "limits": resources},
-        "volumeMounts": [{"name": "data", "mountPath": DATA_MOUNT}, *source_mounts],
-        "securityContext": CONTAINER_SECURITY,
-    }
-    pod = {
-        "metadata": pod_metadata(object_labels("prepare", spec.prepare_name), evictable=True),
-        "spec": {
-            "serviceAccountName": spec.prepare_service_account,
-            "restartPolicy": "Never",
-            "nodeSelector": dict(spec.cpu_node_selector),
-            "securityContext": pod_security(TRAINER_UID),
-            "containers": [container],
-            "volumes": [fuse_volume("data", spec.data_bucket, uid=TRAINER_UID, read_only=False), *source_volumes],
-        },
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(spec, spec.prepare_name, "prepare", {}),
-        "spec": {
-            "backoffLimit": _PREPARE_RETRIES,
-            "activeDeadlineSeconds": PREPARE_DEADLINE_SECONDS,
-            "podFailurePolicy": {
-                "rules": [
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {"containerName": PREPARE_CONTAINER, "operator": "In", "values": [contract.USER_ERROR]},
-                    }
-                ]
-            },
-            "template": pod,
-        },
-    }
-
-
-def preparation_jobs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
-    """One data preparation Job per dataset: runs of the same dataset share its prepared data."""
-    # Runs of one preparation key have the same dataset and preparation, hence the same Job.
-    by_name = {spec.prepare_name: spec for spec in specs}
-    return [preparation_job(spec) for spec in by_name.values()]
 
 
 def all_objects(specs: Sequence[RunSpec], queue_objects: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, SHM_
 from infra.config.slices import CAPACITY_SELECTORS
 from infra.catalog.names import NODE_POOL_LABEL
 from trainer.contract import PUBLISHED_MODEL_DIR
-from workloads.manifests import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, pod_metadata, pod_security
+from workloads.pods import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, object_metadata, pod_metadata, pod_security
 from workloads.spec import RunSpec
 
 SERVING_PORT = 8000
@@ -167,8 +167,7 @@ def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) 
 
 
 def _metadata(spec: ServingSpec, name: str, component: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    metadata = {"name": name, "namespace": spec.namespace, "labels": object_labels(component, name)}
-    return metadata | {"annotations": annotations} if annotations else metadata
+    return object_metadata(spec.namespace, name, component, annotations or {})
 
 
 def _server_labels() -> dict[str, str]:

@@ -12,7 +12,7 @@ from pulumi.runtime import rpc
 from infra.cloud.image import TRAINER_DIR, TrainerImage, source_tag
 from infra.queueing.jobset import JOBSET_MANIFESTS
 from tests.workloads.conftest import IMAGE, spec_of, stack_config
-from workloads import manifests
+from workloads import manifests, preparation
 from workloads.deploy import RunPlatform, TrainingRun
 from trainer.contract import TRAINER_UID
 from workloads.spec import PREPARE_DEADLINE_SECONDS
@@ -68,7 +68,7 @@ def test_run_is_applied_by_the_cluster_provider_after_its_prerequisites(pulumi_m
     expected = manifests.training(spec)
     assert training.inputs["metadata"] == expected["metadata"]
     assert training.inputs["spec"] == expected["spec"]
-    assert prepare.inputs["spec"] == manifests.preparation_job(spec)["spec"]
+    assert prepare.inputs["spec"] == preparation.preparation_job(spec)["spec"]
     assert outputs == {
         "logs": manifests.logs_command(spec),
         "status": manifests.status_command(spec),

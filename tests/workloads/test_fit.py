@@ -108,12 +108,13 @@ def test_fit_of_a_run_that_does_not_fit_is_one_line_and_exit_2(tmp_path):
 
 def test_a_run_that_does_not_fit_gets_by_how_much_and_what_to_change():
     report = {"run": "sweep", "accelerator": "v6e", "topology": "2x4", "slices": 1, "lora_rank": 0, "fits": False,
-              "compiled_bytes_per_chip": 40 * 2**30, "usable_hbm_bytes_per_chip": int(31.24 * 2**30), "largest_batch": 48}
+              "compiled_bytes_per_chip": 40 * 2**30, "usable_hbm_bytes_per_chip": int(31.24 * 2**30), "largest_batch": 48,
+              "largest_batch_remat": "full"}
     line = fit.advice(report)
     assert "\n" not in line
     assert line.startswith("run sweep: does not fit v6e 2x4 x 1: the step needs 40.0 GiB per chip, the compiler allows "
                            "31.24 GiB (8.8 GiB over)")
-    assert "batchSize 48 or less" in line and "loraRank" in line and "larger topology" in line
+    assert "batchSize 48 or less (it fits with remat full)" in line and "loraRank" in line and "larger topology" in line
     assert "batchSize" not in fit.advice({**report, "largest_batch": 0})
     assert "loraRank" not in fit.advice({**report, "lora_rank": 8})
 
@@ -129,3 +130,19 @@ def test_fit_reads_nothing_of_the_weights(monkeypatch, tmp_path):
     assert requests == []
     assert [f.run for f in fits] == [run.name for run in config.runs]
     assert compiles.calls[0][0].weights == "gs://team-data/gemma-3-1b-it"
+
+
+def _fitting_report(**keys) -> dict:
+    return {"run": "r", "accelerator": "v6e", "topology": "2x4", "slices": 1, "fits": True, "compiled_bytes_per_chip": 30 * 2**30,
+            "usable_hbm_bytes_per_chip": int(31.24 * 2**30), "headroom_gib": 1.24, "flops_per_chip_per_step": 1e14,
+            "bytes_accessed_per_chip": 1e11, "step_time_bound_s": 0.1, "bound_by": "flops", "mfu_bound": 0.5, **keys}
+
+
+def test_the_table_names_the_largest_batchs_remat_policy():
+    """The largest batch holds for one rematerialisation policy (trainer.measure.compiled.search_config): the
+    table says which; a search skipped (--no-batch-search) is a dash, not a batch of 0."""
+    lines = fit.table([_fitting_report(largest_batch=16, largest_batch_remat="none"),
+                       _fitting_report(run="s", largest_batch=None, largest_batch_remat=None)]).splitlines()
+    column = lines[0].index("largest batch")
+    assert lines[1][column:].startswith("16 (remat none)")
+    assert lines[2][column:].startswith("- ")

@@ -13,7 +13,7 @@ from trainer import contract
 from trainer.run import tpu_flags
 from trainer.data import prepare
 from trainer.config import parse_config
-from workloads import manifests
+from workloads import manifests, preparation
 from trainer.contract import PREPARED_MARKER_FILE
 from workloads.spec import ARTIFACTS_MOUNT
 
@@ -87,7 +87,7 @@ def test_autopilot_selects_by_labels_only_and_standard_runs_preparation_on_the_c
     for stack in STACKS:
         spec = spec_of(stack_config(stack))
         selectors = [training_pod(manifests.training(spec))["spec"]["nodeSelector"],
-                     manifests.preparation_job(spec)["spec"]["template"]["spec"]["nodeSelector"]]  # fmt: skip
+                     preparation.preparation_job(spec)["spec"]["template"]["spec"]["nodeSelector"]]  # fmt: skip
         pool_selected = ["cloud.google.com/gke-nodepool" in s for s in selectors]
         autopilot = stack_config(stack).cluster_mode == "autopilot"
         assert pool_selected == ([False, False] if autopilot else [False, True]), stack
@@ -146,7 +146,7 @@ def test_max_restarts_comes_from_the_stack_config():
 
 def preparation_args(prep):
     """The preparation container's command line as `python -m trainer.data.prepare` parses it."""
-    prepare_container = container(prep["spec"]["template"], manifests.PREPARE_CONTAINER)
+    prepare_container = container(prep["spec"]["template"], preparation.PREPARE_CONTAINER)
     assert prepare_container["command"] == ["python", "-m", "trainer.data.prepare"]
     assert "env" not in prepare_container  # everything it is told is in its arguments
     return prepare.parse_args(prepare_container["args"])
@@ -155,7 +155,7 @@ def preparation_args(prep):
 @pytest.mark.parametrize("stack", STACKS)
 def test_training_waits_for_the_prepared_data_it_reads(stack):
     spec = spec_of(stack_config(stack))
-    prep = manifests.preparation_job(spec)
+    prep = preparation.preparation_job(spec)
     output = preparation_args(prep).output
     pod = training_pod(manifests.training(spec))
     # No init container: a pod waiting for its data is Ready, so Kueue's waitForPodsReady (30
@@ -178,7 +178,7 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
 
 
 def test_preparation_fails_at_once_on_bad_input():
-    prep = manifests.preparation_job(spec_of(stack_config("dev")))
+    prep = preparation.preparation_job(spec_of(stack_config("dev")))
     (rule,) = prep["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [contract.USER_ERROR]
 
@@ -193,7 +193,7 @@ def test_preparation_fails_at_once_on_bad_input():
 )
 def test_the_dataset_reaches_preparation_by_download_or_mount(dataset, input_arg, extra_volume):
     spec = spec_of(edited_config("dev", training={"dataset": dataset}))
-    prep = manifests.preparation_job(spec)
+    prep = preparation.preparation_job(spec)
     pod = prep["spec"]["template"]
     args = preparation_args(prep)
     assert (args.input, args.tokenizer, args.output) == (input_arg, prepare.OFFICIAL, spec.prepared_path)
@@ -246,7 +246,7 @@ def test_the_data_cache_is_bounded_and_the_pod_asks_for_its_disk(stack, cache_gi
 @pytest.mark.parametrize("stack", STACKS)
 def test_data_preparation_writes_the_data_bucket_as_its_own_account(stack):
     spec = spec_of(stack_config(stack))
-    prepare = manifests.preparation_job(spec)["spec"]["template"]["spec"]
+    prepare = preparation.preparation_job(spec)["spec"]["template"]["spec"]
     train = training_pod(manifests.training(spec))["spec"]
     assert (prepare["serviceAccountName"], train["serviceAccountName"]) == ("trainer-prep", "trainer")
     assert {v["name"]: v["csi"]["readOnly"] for v in prepare["volumes"] if v["name"] == "data"} == {"data": False}
@@ -332,7 +332,7 @@ def _check_pod_security(pod, *, root: bool) -> None:
 def test_security_non_root_no_privilege_and_no_host_paths():
     for stack in STACKS:
         spec = spec_of(stack_config(stack))
-        for pod in (training_pod(manifests.training(spec)), manifests.preparation_job(spec)["spec"]["template"]):
+        for pod in (training_pod(manifests.training(spec)), preparation.preparation_job(spec)["spec"]["template"]):
             _check_pod_security(pod, root=False)
 
 
@@ -341,7 +341,7 @@ def test_the_root_fallback_makes_only_training_pods_root_and_keeps_capabilities_
     """gemma-tpu:trainerRunsAsRoot, for TPU device files that the image's user cannot open."""
     spec = spec_of(edited_config(stack, trainerRunsAsRoot=True))
     _check_pod_security(training_pod(manifests.training(spec)), root=True)
-    _check_pod_security(manifests.preparation_job(spec)["spec"]["template"], root=False)
+    _check_pod_security(preparation.preparation_job(spec)["spec"]["template"], root=False)
     assert spec.name == spec_of(stack_config(stack)).name  # the same run: it resumes from its checkpoints
 
 
@@ -361,11 +361,11 @@ def test_the_preparation_reads_the_dataset_as_the_stack_says_and_keeps_each_read
     plain = spec_of(stack_config("multihost"))
     chat = dict(dataset="gs://corpora/chat/train.jsonl", dataFormat="jsonl-chat", lossOn="all", onBadRow="skip")
     configured = spec_of(edited_config("multihost", training=chat))
-    args = manifests.preparation_job(configured)["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = preparation.preparation_job(configured)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--data-format") + 1] == "jsonl-chat" and args[args.index("--loss-on") + 1] == "all"
     assert args[args.index("--on-bad-row") + 1] == "skip"
     # Defaults pass nothing, so the prepared data of a stack that sets none keeps its directory.
-    plain_args = manifests.preparation_job(plain)["spec"]["template"]["spec"]["containers"][0]["args"]
+    plain_args = preparation.preparation_job(plain)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not {"--data-format", "--loss-on", "--on-bad-row"} & set(plain_args)
     same_data = spec_of(edited_config("multihost", training={"dataset": chat["dataset"]}))
     masked_all = spec_of(edited_config("multihost", training={"dataset": chat["dataset"], "lossOn": "all"}))

@@ -185,7 +185,7 @@ class Fit:
     compiled: CompiledStep | None  # None: the run's own batch does not fit
     refused: hbm.MemoryRefusal | None
     usable_hbm: int
-    largest_batch: int
+    largest_batch: LargestBatch | None  # None: not searched
     splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
 
     def report(self) -> dict:
@@ -197,14 +197,15 @@ class Fit:
         return result
 
     def _figures(self) -> dict:
-        config, model_config = self.config, self.model_config
+        config, model_config, searched = self.config, self.model_config, self.largest_batch
         tokens = config.batch_size * config.seq_len
         params = flops.param_count(model_config)
         trained = flops.lora_param_count(model_config, config.lora_rank) if config.lora_rank else params
         result = {
             "model": config.model, "lora_rank": config.lora_rank, "batch_size": config.batch_size, "seq_len": config.seq_len,
             "mesh": dict(config.mesh), "params": params, "trained_params": trained, "tokens_per_step": tokens,
-            "usable_hbm_bytes_per_chip": self.usable_hbm, "largest_batch": self.largest_batch,
+            "usable_hbm_bytes_per_chip": self.usable_hbm,
+            "largest_batch": searched.batch if searched else None, "largest_batch_remat": searched.remat if searched else None,
         }
         if self.compiled is None:
             refused = self.refused
@@ -250,6 +251,12 @@ def split_figures(report: dict) -> dict:
 _SEARCH_STEPS = 5  # largest_batch's compiles at most: a second batch for the line, then up to 4 guesses
 
 
+@dataclasses.dataclass(frozen=True)
+class LargestBatch:
+    batch: int  # a multiple of the chips; 0: not one row a chip fits
+    remat: str  # the rematerialisation policy of every compile of the search, hence of the answer
+
+
 def _try_compile(config: TrainConfig, model_config, devices, num_slices: int, *, why: str) -> CompiledStep | hbm.MemoryRefusal:
     with compile_answers.doing(f"{why}, batch {config.batch_size}"):
         try:
@@ -262,32 +269,47 @@ def _needed(result: CompiledStep | hbm.MemoryRefusal) -> int:
     return result.bytes_per_chip if isinstance(result, CompiledStep) else result.required
 
 
+def _fits(result: CompiledStep | hbm.MemoryRefusal, usable: int) -> bool:
+    return isinstance(result, CompiledStep) and result.bytes_per_chip <= usable
+
+
+def search_config(config: TrainConfig, first: CompiledStep | hbm.MemoryRefusal) -> TrainConfig:
+    """`config` with the policy the batch search holds: a step's memory is a line in the batch only for one
+    rematerialisation policy and loss head. That of the run's step when it fits, otherwise the last of
+    --remat's candidates (the one that recomputes most, where a refused --remat auto ended)."""
+    if isinstance(first, CompiledStep):
+        return dataclasses.replace(config, remat=first.remat, vocab_chunk=str(first.vocab_chunk or "none"))
+    return dataclasses.replace(config, remat=step.remat_candidates(config.remat)[-1])
+
+
 def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
-                  first: CompiledStep | hbm.MemoryRefusal) -> int:
-    """The largest global batch (a multiple of the chips) whose step fits, from the compiler: memory
-    per chip is affine in the batch, so two compiles give the line, and a third checks its answer
-    (stepping down one multiple at a time while the compiler refuses it)."""
+                  first: CompiledStep | hbm.MemoryRefusal) -> LargestBatch:
+    """The largest global batch (a multiple of the chips) whose step fits with one policy (search_config),
+    from the compiler: memory per chip is affine in the batch, so two compiles give the line, and a third
+    checks its answer (stepping down while the compiler refuses it). Only a compiled answer counts: the
+    run's own batch, when it fits, is the least one."""
     unit = len(devices)
+    search = search_config(config, first)
     other_batch = config.batch_size * 2 if config.batch_size > unit else config.batch_size + unit
     if isinstance(first, hbm.MemoryRefusal) and config.batch_size > unit:
         other_batch = max(unit, config.batch_size // 4 // unit * unit)
-    other = _try_compile(dataclasses.replace(config, batch_size=other_batch), model_config, devices, num_slices,
-                         why=f"largest batch: search step 1 of at most {_SEARCH_STEPS}")
-    (b1, m1), (b2, m2) = sorted([(config.batch_size, _needed(first)), (other_batch, _needed(other))])
+    other = _try_compile(dataclasses.replace(search, batch_size=other_batch), model_config, devices, num_slices,
+                         why=f"largest batch (remat {search.remat}): search step 1 of at most {_SEARCH_STEPS}")
+    results = {config.batch_size: first, other_batch: other}
+    (b1, m1), (b2, m2) = sorted((batch, _needed(result)) for batch, result in results.items())
     per_row = max((m2 - m1) / (b2 - b1), 1.0)
     guess = int((usable - (m1 - per_row * b1)) / per_row) // unit * unit
     for search_step in range(2, _SEARCH_STEPS + 1):
-        if guess < unit:
-            return 0
-        if guess in (b1, b2):
-            result = first if guess == config.batch_size else other
-        else:
-            result = _try_compile(dataclasses.replace(config, batch_size=guess), model_config, devices, num_slices,
-                                  why=f"largest batch: search step {search_step} of at most {_SEARCH_STEPS}")
-        if isinstance(result, CompiledStep) and result.bytes_per_chip <= usable:
-            return guess
-        guess -= unit * max(1, math.ceil((_needed(result) - usable) / per_row / unit))
-    return max(guess, 0)
+        fitting = max((batch for batch, result in results.items() if _fits(result, usable)), default=0)
+        if guess <= fitting:
+            break
+        if guess not in results:
+            results[guess] = _try_compile(dataclasses.replace(search, batch_size=guess), model_config, devices, num_slices,
+                                          why=f"largest batch (remat {search.remat}): search step {search_step} of at most {_SEARCH_STEPS}")
+        if _fits(results[guess], usable):
+            break
+        guess -= unit * max(1, math.ceil((_needed(results[guess]) - usable) / per_row / unit))
+    return LargestBatch(max((batch for batch, result in results.items() if _fits(result, usable)), default=0), search.remat)
 
 
 def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True,
@@ -297,7 +319,7 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = hbm.usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
-    batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else 0
+    batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else None
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
               refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch)
     if not compare_splits:

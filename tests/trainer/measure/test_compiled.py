@@ -183,3 +183,64 @@ def test_a_program_fits_when_the_whole_of_it_does(v6e_2x2):
     assert str(refusal).startswith("the train step does not fit: its arguments, outputs and temporaries need 32.68 GiB per "
                                    "chip, the TPU compiler allows 31.24 GiB; lower --batch-size")
     assert hbm.whole_program_refusal(_Compiled(temporaries_gib=28), v6e_2x2) is None
+
+
+def _step_of(batch: int, remat: str, needed: int) -> compiled.CompiledStep:
+    """A compiled step of which the batch search reads its memory and policies (its costs: 1 TFLOP, else 0)."""
+    figures = {field.name: 0 for field in dataclasses.fields(compiled.CompiledStep)}
+    return compiled.CompiledStep(**{**figures, "device_kind": "TPU v6 lite", "chips": 8, "flops_reported": 1e12,
+                                    "batch_size": batch, "attention": "splash",
+                                    "remat": remat, "vocab_chunk": None, "bytes_per_chip": needed, "bytes_by_source": {},
+                                    "fingerprint": None, "l_by_l_tensor": False})
+
+
+class _RematLines:
+    """The step's memory per chip as a line in the batch for each rematerialisation policy, shaped as
+    the issue's run (gemma3-4b LoRA r16 at 4096 tokens a row on v6e 2x4: 30 GiB at batch 16 with remat
+    none); compiled as --remat auto compiles it, the first policy that fits. Records each compile."""
+
+    BASE, PER_ROW, USABLE = 6 * GIB, {"none": 1.5 * GIB, "dots": 1.0 * GIB, "full": 0.4 * GIB}, int(31.24 * GIB)
+
+    def __init__(self):
+        self.compiles = []
+
+    def __call__(self, config, model_config, devices, *, num_slices=1):
+        for remat in step.remat_candidates(config.remat):
+            needed = int(self.BASE + self.PER_ROW[remat] * config.batch_size)
+            self.compiles.append((config.batch_size, remat))
+            if needed <= self.USABLE:
+                return _step_of(config.batch_size, remat, needed)
+        raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, self.USABLE)
+
+
+@pytest.mark.parametrize("batch, remat, largest, searched", [
+    # Fits with remat none; at twice the batch auto would take full, whose point is below the first: the old
+    # line through both fell with the batch and answered 0.
+    (16, "none", 16, [(32, "none")]),
+    # Does not fit with any policy; a quarter of the batch fits with none, whose line is not full's: the old
+    # search stopped at 48 where full fits 56.
+    (64, "full", 56, [(16, "full"), (56, "full")]),
+])
+def test_the_batch_search_holds_one_remat_policy(monkeypatch, v6e_2x2, batch, remat, largest, searched):
+    """Memory is one line in the batch only for one policy: every compile of the search uses the policy the
+    run's step was found with (the last of --remat's candidates when none fits), and reports it."""
+    lines = _RematLines()
+    monkeypatch.setattr(compiled, "compile_train_step", lines)
+    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: lines.USABLE)
+    config = TrainConfig(model="gemma3-4b", weights="random", batch_size=batch, seq_len=4096, lora_rank=16, steps=10)
+    devices = v6e_2x2 * 2  # a v6e 2x4 slice as the search counts it: 8 chips
+    report = compiled.fit(config, devices).report()
+    assert report["largest_batch"] == largest and report.get("largest_batch_remat") == remat
+    first = [compile for compile in lines.compiles if compile[0] == batch]
+    assert lines.compiles == first + searched
+
+
+def test_the_largest_batch_is_at_least_the_runs_own_on_the_tiny_model(monkeypatch, model_config, v6e_2x2):
+    """The tiny model at 8 x 1024 on v6e 2x2, with a chip of 95 MB: the run's step fits with remat none (91 MB),
+    twice its batch only with remat full (93 MB; none needs 177 MB). Searched with remat none throughout, the
+    largest batch is the run's own; the line through none's and full's points answered 0."""
+    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: 95_000_000)
+    config = dataclasses.replace(TINY, seq_len=1024)
+    report = compiled.fit(config, v6e_2x2, vocab_size=VOCAB).report()
+    assert report["fits"] and report["remat"] == "none"
+    assert report["largest_batch"] == 8 and report.get("largest_batch_remat") == "none"

@@ -64,6 +64,9 @@ def advice(report: dict) -> str:
     """One line for a run that does not fit: by how much, and what to change."""
     needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
     changes = []
+    if report.get("lean_fits"):
+        changes.append(f"precision lean (bfloat16 weights and AdamW state: {report['lean_compiled_bytes_per_chip'] / _GIB:.1f} GiB "
+                       "per chip, which fits; docs/fit.md has its quality figures)")
     if report["largest_batch"]:
         changes.append(f"batchSize {report['largest_batch']} or less (it fits with remat {report['largest_batch_remat']})")
     if not report["lora_rank"]:

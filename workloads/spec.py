@@ -159,7 +159,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     tpu = replace(config.tpu, slices=run.slices)
     # Other prepared data is another run (the same key as before for the default preparation).
     # fsdp counts only when set, so that runs of stacks that set none keep their names.
-    identity = {"training": _without_unset(asdict(training), "fsdp"), "image": image, "tpu": asdict(tpu)}
+    identity = {"training": _without_unset(asdict(training), "fsdp", "precision"), "image": image, "tpu": asdict(tpu)}
     if run.preparation != PreparationConfig():
         identity["prepared"] = key
     name = run_object_name(training.run_name, _digest(identity))

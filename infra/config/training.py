@@ -29,6 +29,8 @@ class TrainerOption:
     maximum: float | None = None
     above: float | None = None  # numbers: the value must be above this
     omitted_with: str | None = None  # not passed when this other field is set (the trainer refuses both)
+    choices: tuple[str, ...] = ()  # text: the values allowed
+    unset_when_default: bool = False  # kept as None (no flag, not in the run's identity) at the trainer's default
     what: str = ""  # for the docs table
 
     @property
@@ -57,6 +59,10 @@ TRAINER_OPTIONS = (
                   what="LoRA rank; 0 = full fine-tune"),
     TrainerOption(key="checkpointInterval", field="checkpoint_interval", option="checkpoint_interval", kind="integer",
                   minimum=1, what="steps between checkpoints"),
+    # Added after the runs' identities were fixed: at its default it leaves a run's name (and pods) as they were.
+    TrainerOption(key="precision", field="precision", option="precision", kind="text", choices=trainer_config.PRECISIONS,
+                  unset_when_default=True, what="float32, or lean: bfloat16 weights and AdamW state, 8 bytes a trained "
+                  "parameter instead of 16, updates rounded stochastically (`fit` says when only lean fits)"),
 )  # fmt: skip
 
 
@@ -82,6 +88,7 @@ class TrainingConfig:
     profiling: bool
     run_name: str
     fsdp: int | None = None  # the FSDP group inside a slice; None: all its chips (`python -m workloads fit --splits` compares)
+    precision: str | None = None  # --precision; None: the trainer's default (float32)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,7 +152,8 @@ def _read_option(section: Section, option: TrainerOption) -> Any:
         return section.integer(option.key, option.default, minimum=option.minimum, maximum=option.maximum)
     if option.kind == "number":
         return section.number(option.key, option.default, above=option.above, maximum=option.maximum)
-    return section.text(option.key, option.default)
+    value = section.text(option.key, option.default, option.choices)
+    return None if option.unset_when_default and value == option.default else value
 
 
 def trainer_flags(training: TrainingConfig) -> list[str]:

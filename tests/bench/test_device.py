@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BLOCKER = '''
 import sys
@@ -46,7 +48,7 @@ def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
     blocked = subprocess.run([sys.executable, "-c", "import gemma"], env=env, capture_output=True, text=True)
     assert "No module named 'gemma'" in blocked.stderr
     out = tmp_path / "figures.json"
-    run = subprocess.run([sys.executable, "-m", "bench.device", "--dry-run", "--out", str(out), "--workdir", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "bench.device", "--dry-run", "--profile", "--out", str(out), "--workdir", str(tmp_path)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "TPU_WORKER_HOSTNAMES" not in run.stdout + run.stderr
@@ -57,3 +59,9 @@ def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
         assert figures["compiled_step_bytes"] > 0
     assert case["ours_over_baseline"] > 0
     assert "ours/baseline, useful tokens/s" in run.stdout
+    # --profile: per side, where a traced step's time went; on the CPU every operation is the step's own
+    for side in ("ours", "baseline"):
+        rows = {row["category"]: row for row in case["sides"][side]["profile"]}
+        assert {"matmuls", "loss head", "optimizer update"} <= set(rows), rows
+        assert sum(row["share"] for row in rows.values()) == pytest.approx(1.0, abs=1e-6)
+        assert f"tiny @ 64, {side} (full, batch 8): where a step's time goes" in run.stdout

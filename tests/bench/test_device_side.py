@@ -28,7 +28,7 @@ class SideThatFitsUpTo(Side):
 
 def test_a_step_that_does_not_fit_is_halved_until_it_does(monkeypatch):
     monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: SideThatFitsUpTo(batch, fits=3))
-    side, repeats, refused = device_side.fitted("ours", None, None, seq_len=8, batch=16, lora_rank=0,
+    side, repeats, refused = device_side.fitted("ours", None, None, seq_len=8, batch=16, training="full",
                                                 schedule=Schedule(0, 1, 1), log=lambda line: None)
     assert (side.batch_size, refused) == (2, [16, 8, 4])
     assert repeats.useful_tokens == [2]
@@ -41,29 +41,43 @@ def test_another_failure_is_not_taken_for_memory(monkeypatch):
 
     monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: Broken(batch, fits=1))
     with pytest.raises(ValueError, match="a bug"):
-        device_side.fitted("ours", None, None, seq_len=8, batch=4, lora_rank=0, schedule=Schedule(0, 1, 1), log=print)
+        device_side.fitted("ours", None, None, seq_len=8, batch=4, training="full", schedule=Schedule(0, 1, 1), log=print)
 
 
-def test_on_a_v5e_chip_1b_trains_lora_and_270m_its_full_weights():
-    """gemma3-1b's float32 weights, gradients and AdamW moments (16 bytes a parameter) exceed the chip."""
-    assert device_side.ours_lora_rank(models.model_config("gemma3-270m", vocab_size=512), V5E_BYTES) == 0
-    assert device_side.ours_lora_rank(models.model_config("gemma3-1b", vocab_size=512), V5E_BYTES) == device_side.LORA_RANK
-    assert device_side.ours_lora_rank(models.model_config("gemma3-1b", vocab_size=512), None) == 0  # no figure: full
+def test_auto_takes_the_first_training_the_compiler_fits_and_says_what_it_refused(monkeypatch):
+    """On a v5e chip gemma3-1b's float32 state (16 bytes a parameter) may not fit where the lean one (8) does:
+    the compiler's refusal, not a share of the chip's memory, moves ours to the next training."""
+    tried = []
+
+    def side_for(name, config, inputs, *, batch, training, **_):
+        tried.append((training, batch))
+        return SideThatFitsUpTo(batch, fits={"full": 0, "lean": 2, "lora": 8}[training])
+
+    monkeypatch.setattr(device_side, "make_side", side_for)
+    training, side, repeats, refused, refusals = device_side.first_that_fits(
+        "ours", None, None, device_side.AUTO, first=lambda training: 4, seq_len=8, schedule=Schedule(0, 1, 1), log=lambda line: None)
+    assert (training, side.batch_size, refused) == ("lean", 2, [4])
+    assert tried == [("full", 4), ("full", 2), ("full", 1), ("lean", 4), ("lean", 2)]
+    assert len(refusals) == 1 and refusals[0].startswith("full: batch 1 does not fit")
+    with pytest.raises(device_side.DoesNotFit, match=r"full: .*; full, lean \(bfloat16 state\): .*; LoRA rank 16: "):
+        monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: SideThatFitsUpTo(batch, fits=0))
+        device_side.first_that_fits("ours", None, None, device_side.AUTO, first=lambda training: 2, seq_len=8,
+                                    schedule=Schedule(0, 1, 1), log=lambda line: None)
 
 
 @pytest.mark.parametrize("side", ["ours", "baseline"])
 def test_the_first_batch_shrinks_with_the_sequence_and_never_passes_the_cap(side):
     config = models.model_config("gemma3-1b", vocab_size=512)
-    first = lambda seq_len, cap=64: device_side.first_batch(side, config, seq_len=seq_len, lora_rank=16 if side == "ours" else 0,  # noqa: E731
+    first = lambda seq_len, cap=64: device_side.first_batch(side, config, seq_len=seq_len, training="lora",  # noqa: E731
                                                             bytes_limit=V5E_BYTES, cap=cap)
     assert 1 <= first(4096) < first(1024) <= 64
     assert first(1024, cap=2) <= 2
-    assert device_side.first_batch(side, config, seq_len=1024, lora_rank=0, bytes_limit=None, cap=32) == 32
+    assert device_side.first_batch(side, config, seq_len=1024, training="full", bytes_limit=None, cap=32) == 32
 
 
 def test_a_side_refused_even_at_batch_one_says_it_does_not_fit(monkeypatch):
     """The tutorial's method cannot train gemma3-1b at 4096 on one v5e chip: a figure, not a crash."""
     monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: SideThatFitsUpTo(batch, fits=0))
     with pytest.raises(device_side.DoesNotFit, match="batch 1 does not fit .*RESOURCE_EXHAUSTED") as refusal:
-        device_side.fitted("baseline", None, None, seq_len=8, batch=4, lora_rank=0, schedule=Schedule(0, 1, 1), log=lambda line: None)
+        device_side.fitted("baseline", None, None, seq_len=8, batch=4, training="full", schedule=Schedule(0, 1, 1), log=lambda line: None)
     assert refusal.value.refused == [4, 2, 1]

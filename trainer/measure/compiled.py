@@ -186,6 +186,7 @@ class Fit:
     refused: hbm.MemoryRefusal | None
     usable_hbm: int
     largest_batch: LargestBatch | None  # None: not searched
+    lean: CompiledStep | hbm.MemoryRefusal | None = None  # a float32 full fine-tune refused: the same with --precision lean
     splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
 
     def report(self) -> dict:
@@ -206,7 +207,11 @@ class Fit:
             "mesh": dict(config.mesh), "params": params, "trained_params": trained, "tokens_per_step": tokens,
             "usable_hbm_bytes_per_chip": self.usable_hbm,
             "largest_batch": searched.batch if searched else None, "largest_batch_remat": searched.remat if searched else None,
+            "precision": config.precision,
         }
+        if self.lean is not None:
+            result |= {"lean_fits": isinstance(self.lean, CompiledStep) and self.lean.bytes_per_chip <= self.usable_hbm,
+                       "lean_compiled_bytes_per_chip": _needed(self.lean)}
         if self.compiled is None:
             refused = self.refused
             return {**result, "fits": False, "compiled_bytes_per_chip": refused.required, "headroom_gib": round(
@@ -315,13 +320,19 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
 def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True,
         compare_splits: bool = False) -> Fit:
     """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
-    `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures)."""
+    `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures). A
+    full fine-tune in float32 that does not fit is compiled again with --precision lean, and the report says
+    whether that fits (`lean_fits`)."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = hbm.usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else None
+    lean = None
+    if not _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
+        lean = _try_compile(dataclasses.replace(config, precision="lean"), model_config, devices, num_slices,
+                            why="the run's step with --precision lean (its float32 state does not fit)")
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
-              refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch)
+              refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch, lean=lean)
     if not compare_splits:
         return own
     others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)

@@ -107,11 +107,14 @@ def test_training_defaults_are_the_trainers_and_the_pods_get_only_what_the_stack
 
     training = parse().runs[0].training
     defaults = TrainConfig()
+    stated = lambda config, option: getattr(config, option.field) if getattr(config, option.field) is not None or not \
+        option.unset_when_default else option.default  # noqa: E731
     for option in TRAINER_OPTIONS:
-        assert getattr(training, option.field) == getattr(defaults, option.option), option.key
+        assert stated(training, option) == getattr(defaults, option.option), option.key
+    assert "--precision" not in trainer_flags(training)  # a default kept unset adds no flag (and leaves the run's name)
     # What the pods pass parses back to the same options (epochs is left out once steps is set).
-    for config in (training, parse(training={"steps": 40, "learningRate": 3e-4, "loraRank": 8}).runs[0].training):
+    for config in (training, parse(training={"steps": 40, "learningRate": 3e-4, "loraRank": 8, "precision": "lean"}).runs[0].training):
         parsed = parse_config([*trainer_flags(config), "--data", "corpus.txt"])
         for option in TRAINER_OPTIONS:
             if option.key != "epochs" or config.steps is None:
-                assert getattr(parsed, option.option) == getattr(config, option.field), option.key
+                assert getattr(parsed, option.option) == stated(config, option), option.key

@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"elsewhere) or json (one JSON object a line, for Cloud Logging); metrics.jsonl is the same either way (default {d.log_format})")
     add("--tensorboard-dir", help="TensorBoard event directory (default WORKDIR/tensorboard)")
     add("--profile-port", type=_port, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
-    add("--profile-dir", help="write a profiler trace of a few early steps here")
+    add("--profile-dir", help="write a profiler trace of a few early steps here, and print where their time went "
+        "(trainer.measure.step_profile; step.hlo beside the trace)")
     add("--publish-dir", help="publish the final Hugging Face export here as a new version, PUBLISH_DIR/<UTC stamp>-<run>/hf, "
         "the one serving follows (trainer.hf.publish); default: not published")
     add("--publish-parts", type=_published_parts, help="what a published version holds: hf (the merged model) and, for a LoRA "

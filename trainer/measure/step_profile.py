@@ -7,7 +7,7 @@ prints it for each side it measures.
 Each operation the device ran is named in the trace by its HLO instruction; the compiled step's HLO says
 what that instruction is (trainer.measure.hbm_traffic.parse) and what JAX operation it came from (its
 op_name: a layer, the loss head, the optimizer). Categories, first match wins: the attention kernel (a
-custom call in an attention layer), the loss head and the optimizer update (by op_name), collectives,
+custom call in an attention layer, or named as splash's and our flash kernels' calls are), the loss head and the optimizer update (by op_name), collectives,
 matmuls (a convolution or dot, fused or not), copies and transposes, and the rest (elementwise and
 reductions). Host gaps are the measured step's time the device spent idle, where the step's time is
 given and the trace holds a device (on the CPU, operations run on several threads at once, so shares
@@ -34,6 +34,7 @@ _MATMULS = ("convolution", "dot")
 _MOVES = {"copy", "transpose", "copy-start", "copy-done", "bitcast", "reshape", "broadcast", "parameter", "tuple",
           "get-tuple-element", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad"}
 _CONTROL = {"while", "call", "conditional"}
+_KERNEL_NAMES = ("splash_", "flash_")
 # Stats a TPU trace attaches to an operation's event, when it does.
 _FLOPS_STATS, _BYTES_STATS = ("flops", "model_flops"), ("bytes_accessed", "bytes accessed")
 
@@ -65,7 +66,8 @@ def _category(instruction: hbm_traffic.Instruction, inner: set[str]) -> str | No
     if instruction.op in _CONTROL:
         return None
     source = hbm_traffic.source(instruction)
-    if instruction.op == "custom-call" and source.endswith(" attn"):
+    # Splash's calls carry no op_name: their own names say what they are (splash_mha_fwd_..., _dq_, _dkv_).
+    if instruction.op == "custom-call" and (source.endswith(" attn") or instruction.name.startswith(_KERNEL_NAMES)):
         return "attention kernel"
     if source.endswith("loss head"):
         return "loss head"

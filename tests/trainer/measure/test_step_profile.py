@@ -31,6 +31,7 @@ ENTRY %main (a: bf16[8,8], b: bf16[8,8]) -> bf16[8,8] {
   %b = bf16[8,8]{1,0} parameter(1)
   %fusion.1 = bf16[8,8]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_computation.1, metadata={op_name="jit(train)/jvp(Transformer)/layer_0/mlp/dot_general"}
   %custom-call.3 = bf16[8,8]{1,0} custom-call(%a), custom_call_target="tpu_custom_call", metadata={op_name="jit(train)/jvp(Transformer)/layer_0/attn/splash"}
+  %splash_mha_dq_segmented_no_residuals.8 = bf16[8,8]{1,0} custom-call(%a), custom_call_target="tpu_custom_call"
   %all-gather.4 = bf16[8,8]{1,0} all-gather(%a), dimensions={0}
   %add.5 = bf16[8,8]{1,0} add(%a, %b), metadata={op_name="jit(train)/add"}
   %fusion.2 = bf16[8,8]{0,1} fusion(%a), kind=kLoop, calls=%fused_computation.2
@@ -41,7 +42,8 @@ ENTRY %main (a: bf16[8,8], b: bf16[8,8]) -> bf16[8,8] {
 
 
 def test_each_instruction_is_placed_by_what_it_is_and_where_it_came_from():
-    want = {"fusion.1": "matmuls", "custom-call.3": "attention kernel", "all-gather.4": "collectives",
+    want = {"fusion.1": "matmuls", "custom-call.3": "attention kernel",
+            "splash_mha_dq_segmented_no_residuals.8": "attention kernel", "all-gather.4": "collectives",
             "add.5": "optimizer update", "fusion.2": "copies and transposes", "multiply.9": "loss head",
             "tanh.7": "elementwise and reductions", "while.6": None}
     found = step_profile.categories(HLO)

@@ -14,7 +14,7 @@ from trainer.measure import memory
 from trainer.model import models
 from trainer.run import mesh, step
 from trainer.run import optimizer as optimizer_lib
-from trainer.nn import sharding
+from trainer.nn.sharding import MIN_FSDP_ELEMENTS
 from trainer.config import TrainConfig
 from trainer.errors import UserError
 
@@ -62,7 +62,7 @@ def test_fsdp_over_one_v6e_2x4_splits_every_large_gemma3_1b_matrix_over_all_its_
     shardings = mesh.state_shardings(_slice_mesh(), params)
     for (path, leaf), sharding in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(shardings)):
         shard = math.prod(sharding.shard_shape(leaf.shape))
-        if math.prod(leaf.shape) >= sharding.MIN_FSDP_ELEMENTS:
+        if math.prod(leaf.shape) >= MIN_FSDP_ELEMENTS:
             assert shard * SLICE.chips == math.prod(leaf.shape), jax.tree_util.keystr(path)
         else:
             assert len(leaf.shape) == 1, jax.tree_util.keystr(path)  # only norm scales stay whole

@@ -23,7 +23,8 @@ import dataclasses
 import pathlib
 import sys
 
-from trainer.errors import UserError, entry_point
+from trainer.errors import UserError
+from trainer.run.mesh import jax_entry_point
 from trainer.measure import hbm_traffic
 
 CATEGORIES = ("matmuls", "attention kernel", "loss head", "optimizer update", "collectives", "copies and transposes",
@@ -182,7 +183,7 @@ def profile_table(trace_dir: str, hlo: str, *, steps: int, step_s: float | None 
     return step_table(events, categories(hlo), steps=steps, step_s=step_s, device_timeline=device_timeline)
 
 
-@entry_point("trainer.measure.step_profile: ")
+@jax_entry_point("trainer.measure.step_profile: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.measure.step_profile", description=__doc__.splitlines()[0])
     parser.add_argument("trace_dir", help="a --profile-dir (the newest *.xplane.pb under it is read)")

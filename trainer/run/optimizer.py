@@ -8,7 +8,7 @@
   is not lost as round-to-nearest loses it (at lr 2e-5 most of them: REFERENCE.md section 4), and the
   second moment's 0.1% a step still moves. The update is one elementwise pass over each weight.
 
-`Optimizer.apply(grads, state, params) -> (params, state)` is what the train step calls.
+The train step calls `Optimizer.update`, then `Optimizer.apply_updates`, as it called optax's.
 """
 
 from __future__ import annotations
@@ -72,12 +72,20 @@ def _decayed(params):
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-    """`init(params) -> state`; `apply(grads, state, params) -> (new params, new state)`; `param_dtype`:
-    the dtype the trained weights are kept in between steps."""
+    """`init(params) -> state`; `update(grads, state, params) -> (updates, state)` and
+    `apply_updates(params, updates) -> params`, as optax splits them (the train step calls both, in
+    that order); `param_dtype`: the dtype the trained weights are kept in between steps. The lean
+    update's "updates" are the new weights themselves: rounding them needs each whole value."""
 
     init: Callable[[Any], Any]
-    apply: Callable[[Any, Any, Any], tuple[Any, Any]]
+    update: Callable[[Any, Any, Any], tuple[Any, Any]]
+    apply_updates: Callable[[Any, Any], Any]
     param_dtype: Any
+
+    def apply(self, grads, state, params) -> tuple[Any, Any]:
+        """(new params, new state): one step."""
+        updates, state = self.update(grads, state, params)
+        return self.apply_updates(params, updates), state
 
 
 def build_optimizer(config: OptimizerConfig) -> Optimizer:
@@ -91,11 +99,7 @@ def _float32_adamw(config: OptimizerConfig) -> Optimizer:
                     mu_dtype=jnp.dtype(config.state_dtype)),
     )
 
-    def apply(grads, state, params):
-        updates, state = transform.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-
-    return Optimizer(transform.init, apply, jnp.float32)
+    return Optimizer(transform.init, transform.update, optax.apply_updates, jnp.float32)
 
 
 def round_stochastically(value: jax.Array, noise: jax.Array) -> jax.Array:
@@ -113,7 +117,7 @@ def _lean_adamw(config: OptimizerConfig) -> Optimizer:
         zeros = lambda p: jnp.zeros(p.shape, jnp.bfloat16)  # noqa: E731
         return {"count": jnp.zeros((), jnp.int32), "mu": jax.tree.map(zeros, params), "nu": jax.tree.map(zeros, params)}
 
-    def apply(grads, state, params):
+    def update(grads, state, params):
         count = state["count"] + 1
         norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
         clip = jnp.minimum(1.0, config.grad_clip / jnp.maximum(norm, 1e-30))
@@ -140,4 +144,4 @@ def _lean_adamw(config: OptimizerConfig) -> Optimizer:
         new_params, mu, nu = (treedef.unflatten([parts[i] for parts in flat]) for i in range(3))
         return new_params, {"count": count, "mu": mu, "nu": nu}
 
-    return Optimizer(init, apply, jnp.bfloat16)
+    return Optimizer(init, update, lambda params, new_params: new_params, jnp.bfloat16)

@@ -68,8 +68,12 @@ def make_step_functions(
 
     def train(state: State, frozen, batch):
         mean, grads = jax.value_and_grad(mean_loss)(state["params"], frozen, batch)
-        params, opt_state = optimizer.apply(grads, state["opt_state"], state["params"])
-        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        new_state = {
+            "step": state["step"] + 1,
+            "params": optimizer.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+        }
         metrics = {
             "loss": mean,
             "grad_norm": optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads)),

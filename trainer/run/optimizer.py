@@ -110,6 +110,21 @@ def round_stochastically(value: jax.Array, noise: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(jnp.bfloat16)
 
 
+def hashed_noise(shape: tuple[int, ...], seed: jax.Array) -> jax.Array:
+    """32 random-looking bits per element, uint32, from the element's index and `seed` through an integer
+    hash (lowbias32's multiply-xorshift rounds). Elementwise, so XLA fuses it into the update: no
+    [weight-sized] array of random bits is written to memory, as jax.random's would be."""
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride & 0xFFFFFFFF)
+        stride *= shape[axis]
+    bits = index * jnp.uint32(0x9E3779B1) + seed.astype(jnp.uint32)
+    for multiplier in (0x7FEB352D, 0x846CA68B):
+        bits = (bits ^ (bits >> 16)) * jnp.uint32(multiplier)
+    return bits ^ (bits >> 16)
+
+
 def _lean_adamw(config: OptimizerConfig) -> Optimizer:
     schedule = learning_rate_schedule(config)
 
@@ -123,10 +138,11 @@ def _lean_adamw(config: OptimizerConfig) -> Optimizer:
         clip = jnp.minimum(1.0, config.grad_clip / jnp.maximum(norm, 1e-30))
         rate = schedule(state["count"])
         first_correction, second_correction = 1 - B1 ** count, 1 - B2 ** count
-        # One 32-bit draw a value feeds two roundings (its halves), a second draw the third.
-        key = jax.random.fold_in(jax.random.key(config.seed, impl="rbg"), count)
+        # One 32-bit draw a value feeds two roundings (its halves), a second draw the third; each leaf and step
+        # hashes from its own seed.
         leaves, treedef = jax.tree.flatten(params)
-        keys = iter(jax.random.split(key, 2 * len(leaves)))
+        step_seed = jnp.uint32(config.seed) * jnp.uint32(0x85EBCA77) + count.astype(jnp.uint32) * jnp.uint32(0xC2B2AE3D)
+        seeds = iter(step_seed + jnp.uint32(0x27D4EB2F) * jnp.arange(1, 2 * len(leaves) + 1, dtype=jnp.uint32))
 
         def update(param, grad, mu, nu, decayed):
             grad = grad.astype(jnp.float32) * clip
@@ -135,7 +151,7 @@ def _lean_adamw(config: OptimizerConfig) -> Optimizer:
             step = (mu / first_correction) / (jnp.sqrt(nu / second_correction) + EPS)
             if decayed:
                 step = step + config.weight_decay * param.astype(jnp.float32)
-            first, second = (jax.random.bits(next(keys), param.shape, jnp.uint32) for _ in range(2))
+            first, second = (hashed_noise(param.shape, next(seeds)) for _ in range(2))
             return (round_stochastically(param.astype(jnp.float32) - rate * step, first),
                     round_stochastically(mu, first >> 16), round_stochastically(nu, second))
 

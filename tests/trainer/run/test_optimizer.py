@@ -22,6 +22,14 @@ def test_stochastic_rounding_is_exact_on_average_where_round_to_nearest_loses_th
     assert set(np.unique(np.asarray(rounded, np.float32))) == {1.0, 1.0078125}  # the two neighbours only
     assert float(jnp.mean(rounded.astype(jnp.float32))) == pytest.approx(1.0 + 1e-4, abs=2e-5)
     assert float(jnp.mean(value.astype(jnp.bfloat16).astype(jnp.float32))) == 1.0  # round-to-nearest: the step is lost
+    # The update's own bits (an index hash, fused into it): uniform enough that the rounding stays exact on average.
+    hashed = optimizer_lib.hashed_noise((400, 500), jnp.uint32(7))
+    assert len(np.unique(np.asarray(hashed))) > 0.99 * hashed.size
+    for half in (hashed & 0xFFFF, hashed >> 16):
+        assert float(jnp.mean(half.astype(jnp.float32))) == pytest.approx(2**15, rel=0.01)
+        rounded = optimizer_lib.round_stochastically(value[:hashed.size].reshape(hashed.shape), half)
+        assert float(jnp.mean(rounded.astype(jnp.float32))) == pytest.approx(1.0 + 1e-4, abs=2e-5)
+    assert not np.array_equal(hashed, optimizer_lib.hashed_noise((400, 500), jnp.uint32(8)))  # another seed, other bits
     exact = jnp.array([1.0, -2.5, 0.0, 2.0**120], jnp.float32)  # values bfloat16 holds stay as they are, whatever the noise
     for seed in range(4):
         noise = jax.random.bits(jax.random.key(seed), exact.shape, jnp.uint32)

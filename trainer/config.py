@@ -279,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"squared gradients span more range than bfloat16's 8 mantissa bits keep (default {d.optimizer_state_dtype})")
     add("--precision", choices=PRECISIONS, help="what the trained weights and AdamW's state are kept in between steps: float32 "
         "(16 bytes a trained parameter with the gradients) or lean (bfloat16 weights, gradients and both moments, 8 bytes, each "
-        "update rounded stochastically so that small steps are not lost; --optimizer-state-dtype does not apply). Lean fits a full "
-        f"fine-tune twice the size in the same memory (docs/fit.md has its quality figures) (default {d.precision})")
+        "update rounded stochastically so that small steps are not lost; --optimizer-state-dtype does not apply): half the "
+        f"state of float32 (docs/fit.md has its quality figures) (default {d.precision})")
     add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row), splash (the TPU kernel, "
         "block-sparse over documents and Gemma 3's sliding window) or flash (the GPU kernel, the same without the [L, L] mask); "
         f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")

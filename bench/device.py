@@ -138,7 +138,7 @@ def main(argv=None) -> int:
                         "instead of the estimate of what fits under the case's cap")
     parser.add_argument("--profile", action="store_true", help="trace a few steps of each side: the table of where their time goes")
     args = parser.parse_args(argv)
-    options = ["--training", args.training, *(["--profile"] if args.profile else [])]
+    options = ["--training", args.training, *(["--profile"] if args.profile else []), *(["--exact-batch"] if args.batch else [])]
     start = time.perf_counter()
     # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
     jax.config.update("jax_platforms", "cpu")
@@ -150,9 +150,6 @@ def main(argv=None) -> int:
         results = {}
         if args.batch:
             case = dataclasses.replace(case, batch=args.batch)
-            options_for_case = [*options, "--exact-batch"]
-        else:
-            options_for_case = options
         for side in args.sides or SIDES:
             left = args.time_limit - (time.perf_counter() - start)
             if left < MIN_SIDE_S and not args.dry_run:
@@ -160,7 +157,7 @@ def main(argv=None) -> int:
                 continue
             print(f"[device] {case.model} @ {case.seq_len}, {side}: batch at most {case.batch}, {left:.0f} s left", flush=True)
             results[side] = run_side(side, case, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
-                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run, options=options_for_case)
+                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run, options=options)
         cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results)})
     report = {"dry_run": args.dry_run, "time_limit_s": args.time_limit, "elapsed_s": time.perf_counter() - start,
               "jax": jax.__version__, "cases": cases}

@@ -32,6 +32,7 @@ import jax
 
 from bench import inputs as inputs_lib
 from bench.device_side import TRAININGS
+from trainer import config as config_lib
 from trainer.measure import step_profile
 from trainer.run.mesh import jax_entry_point
 from trainer.shared_files import replaced_atomically
@@ -109,7 +110,8 @@ def print_table(cases: list[dict]) -> None:
                 continue
             bound = "n/a" if r["bound_s"] is None else f"{r['bound_s'] * 1e3:.0f} ms ({r['bound_by']})"
             over = "n/a" if r["measured_over_bound"] is None else f"{r['measured_over_bound']:.2f}x"
-            print(f"| {case['model']} | {case['seq_len']} | {side} | {r['training']} | {r['batch']} | "
+            training = r["training"] + (f", remat {r['remat']}, vocab chunk {r['vocab_chunk'] or 'none'}" if "remat" in r else "")
+            print(f"| {case['model']} | {case['seq_len']} | {side} | {training} | {r['batch']} | "
                   f"{r['useful_tokens_per_s']:,.0f} | {percent(r['mfu'])} | {r['step_s'] * 1e3:.0f} ms | "
                   f"{gib(r['compiled_step_bytes'])} | {gib(r['device_peak_bytes'])} | {bound} | {over} |")
         if case["ours_over_baseline"] is not None:
@@ -137,8 +139,11 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, help="start each side at this global batch (halved while it does not fit) "
                         "instead of the estimate of what fits under the case's cap")
     parser.add_argument("--profile", action="store_true", help="trace a few steps of each side: the table of where their time goes")
+    parser.add_argument("--remat", choices=config_lib.REMATS, default="auto", help="ours' --remat (default auto: the trainer's choice)")
+    parser.add_argument("--vocab-chunk", type=config_lib.vocab_chunk_option, default="auto", help="ours' --vocab-chunk (default auto: the trainer's choice)")
     args = parser.parse_args(argv)
-    options = ["--training", args.training, *(["--profile"] if args.profile else []), *(["--exact-batch"] if args.batch else [])]
+    options = ["--training", args.training, "--remat", args.remat, "--vocab-chunk", args.vocab_chunk,
+               *(["--profile"] if args.profile else []), *(["--exact-batch"] if args.batch else [])]
     start = time.perf_counter()
     # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
     jax.config.update("jax_platforms", "cpu")

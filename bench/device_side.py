@@ -27,6 +27,7 @@ from bench.ours import Ours
 from bench.side import Side
 from bench.stats import spread
 from bench.throughput import Schedule, measure
+from trainer import config as config_lib
 from trainer.model import models
 from trainer.run import hbm, mesh
 from trainer.errors import UserError
@@ -65,10 +66,13 @@ def first_batch(side: str, model_config, *, seq_len: int, training: str, bytes_l
     return min(cap, 1 << math.ceil(math.log2(rows)))
 
 
-def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch: int, training: str) -> Side:
+def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_len: int, batch: int, training: str,
+              step_options: dict | None = None) -> Side:
+    """`step_options`: ours' TrainConfig fields beside the training's (remat, vocab_chunk)."""
     if name == "ours":
         precision, lora_rank = TRAININGS[training]
-        return Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch, lora_rank=lora_rank, state_precision=precision)
+        return Ours(model_config, inputs.data, seq_len=seq_len, batch_size=batch, lora_rank=lora_rank, state_precision=precision,
+                    **(step_options or {}))
     return Baseline(model_config, models.init_params(model_config, seed=0), inputs.tokenizer, inputs.documents(),
                     seq_len=seq_len, batch_size=batch)
 
@@ -86,14 +90,15 @@ class DoesNotFit(Exception):
         self.refused = refused
 
 
-def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, training: str, schedule: Schedule, log):
+def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, training: str, schedule: Schedule, log,
+           step_options: dict | None = None):
     """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit;
     DoesNotFit when batch 1 does not either."""
     refused = []
     while True:
         side = None
         try:
-            side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, training=training)
+            side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, training=training, step_options=step_options)
             return side, measure([side], schedule, log=log)[side.name], refused
         except Exception as error:  # the compiler's refusal, or the device's at run time
             if not out_of_memory(error):
@@ -110,14 +115,15 @@ def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, trainin
             batch //= 2
 
 
-def first_that_fits(name: str, model_config, inputs, trainings, *, first, seq_len: int, schedule: Schedule, log):
+def first_that_fits(name: str, model_config, inputs, trainings, *, first, seq_len: int, schedule: Schedule, log,
+                    step_options: dict | None = None):
     """(training, side, repeats, batches refused, the trainings refused before it): the first of `trainings`
     the compiler fits at some batch, from `first(training)` halved; DoesNotFit naming each when none does."""
     refusals = []
     for training in trainings:
         try:
             return (training, *fitted(name, model_config, inputs, seq_len=seq_len, batch=first(training), training=training,
-                                      schedule=schedule, log=log), refusals)
+                                      schedule=schedule, log=log, step_options=step_options), refusals)
         except DoesNotFit as refusal:
             log(f"  {name}, {training_label(training)}: {refusal}")
             refusals.append(f"{training_label(training)}: {refusal}")
@@ -152,7 +158,8 @@ def run(args) -> dict:
         args.side, model_config, seq_len=args.seq_len, training=training, bytes_limit=bytes_limit, cap=args.batch)
     try:
         training, side, repeats, refused, refusals = first_that_fits(args.side, model_config, inputs, trainings, first=first,
-                                                                     seq_len=args.seq_len, schedule=schedule, log=log)
+                                                                     seq_len=args.seq_len, schedule=schedule, log=log,
+                                                                     step_options={"remat": args.remat, "vocab_chunk": args.vocab_chunk})
     except DoesNotFit as refusal:
         return {"side": args.side, "model": args.model, "seq_len": args.seq_len, "does_not_fit": str(refusal),
                 "device_kind": device.device_kind, "device_bytes_limit": bytes_limit}
@@ -169,7 +176,7 @@ def run(args) -> dict:
     analysis = side.memory_analysis()
     result = {
         "side": args.side, "model": args.model, "seq_len": args.seq_len, "batch": side.batch_size, "batches_refused": refused,
-        "training": chosen,
+        "training": chosen, **side.step_choices(),
         "parameters": flops.param_count(model_config), "device_kind": device.device_kind, "devices": jax.device_count(),
         "compile_s": side.compile_s, "step_s": step_s, "step_spread": spread(repeats.step_times),
         "repeats": len(repeats.step_times), "steps_per_repeat": schedule.steps_per_repeat,
@@ -219,6 +226,8 @@ def main(argv=None) -> int:
                         help="what ours trains; auto: the first of full (float32), lean (bfloat16 state) and LoRA that the compiler fits")
     parser.add_argument("--exact-batch", action="store_true", help="start at --batch itself, not at the estimate of what fits")
     parser.add_argument("--profile", action="store_true", help="trace a few steps after the timing: where their time went")
+    parser.add_argument("--remat", choices=config_lib.REMATS, default="auto", help="ours' --remat")
+    parser.add_argument("--vocab-chunk", type=config_lib.vocab_chunk_option, default="auto", help="ours' --vocab-chunk")
     args = parser.parse_args(argv)
     with open(args.result, "w") as out:
         json.dump(run(args), out)

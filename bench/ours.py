@@ -19,15 +19,17 @@ class Ours(Side):
     name = "ours"
 
     def __init__(self, model_config, data: data_lib.TokenizedData, *, seq_len: int, batch_size: int, seed: int = 0,
-                 dtype=None, lora_rank: int = 0, state_precision: str = "float32"):
+                 dtype=None, lora_rank: int = 0, state_precision: str = "float32", remat: str = "auto", vocab_chunk: str = "auto"):
         """`dtype`: the forward pass's; None = the trainer's choice for this platform (a what-if otherwise).
-        The learning rate is constant, so the benchmark's length does not matter. `state_precision`: --precision's."""
+        The learning rate is constant, so the benchmark's length does not matter. `state_precision`, `remat` and
+        `vocab_chunk`: --precision's, --remat's and --vocab-chunk's."""
         super().__init__()
         if dtype is not None:
             self.name = f"ours/{jnp.dtype(dtype).name}"
         self.batch_size = batch_size
         self.config = TrainConfig(seq_len=seq_len, batch_size=batch_size, lora_rank=lora_rank, lr_schedule="constant",
-                                  weights="random", seed=seed, precision=state_precision)
+                                  weights="random", seed=seed, precision=state_precision,
+                                  remat=remat, vocab_chunk=vocab_chunk)
         self.model_config = model_config
         self.mesh = mesh.build_mesh(self.config.mesh)
         compute_dtype = dtype or precision.compute_dtype()
@@ -49,6 +51,9 @@ class Ours(Side):
         counts = StepCounts(useful_tokens=int(batch["loss_mask"].sum()), positions=batch["loss_mask"].size)
         self.state, metrics = compiled(self.state, self.frozen, mesh.global_batch(batch, self.mesh))
         return counts, metrics
+
+    def step_choices(self) -> dict:
+        return {"remat": self.run_step.layers.remat, "vocab_chunk": self.run_step.vocab_chunk}
 
     def close(self) -> None:
         self.batches.close()

@@ -57,6 +57,10 @@ class Side(abc.ABC):
         """Share of the documents' tokens this side has dropped rather than trained on."""
         return 0.0
 
+    def step_choices(self) -> dict:
+        """What the side's step was compiled with, where it chose (ours: remat policy, vocabulary chunk)."""
+        return {}
+
     def close(self) -> None:
         """Stops background work (a loader's prefetch thread)."""
 

@@ -145,7 +145,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _vocab_chunk(text: str) -> str:
+def vocab_chunk_option(text: str) -> str:
     if text in ("auto", "none"):
         return text
     try:
@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")
     add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul outputs) or full (keeps each "
         f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
-    add("--vocab-chunk", type=_vocab_chunk, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "
+    add("--vocab-chunk", type=vocab_chunk_option, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "
         "auto: on TPU the fastest by the compiler's figures that fits, elsewhere none unless [tokens per device, vocab] "
         f"logits pass 2^26 elements, then 16384 (default {d.vocab_chunk})")
     add("--eval-fraction", type=_fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")

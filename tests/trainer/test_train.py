@@ -96,6 +96,11 @@ def test_json_log_lines_hold_what_the_stacks_log_metrics_extract(tmp_path, prepa
         for entry in counted:
             assert monitoring_filters.extract(metric.value_extractor, entry) > 0
             assert monitoring_filters.extract(metric.labels["run"], entry) == "gemma-finetune-0123abcd"
+    # The goodput and each badput share, on every report: shares of the wall time, summing to one.
+    for entry in [entry for entry in entries if entry["jsonPayload"]["event"] == "report"]:
+        shares = [monitoring_filters.extract(metric.value_extractor, entry) for metric in (run.goodput, *run.badput.values())
+                  if monitoring_filters.matches(metric.filter, entry)]
+        assert len(shares) == 1 + len(run.badput) and shares[0] > 0 and sum(shares) == pytest.approx(1.0)
 
 
 def test_run_leaves_config_checkpoint_events_plot_and_loadable_export(full_run, tokenized_data):

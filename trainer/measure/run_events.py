@@ -95,6 +95,7 @@ class EventLog:
         self.flush()
 
     def mark(self, event: str, **fields) -> None:
+        self._end_steps()  # the steps before it come first in the file
         self._record({"event": event, "time": self._clock(), **fields})
         self.flush()
 
@@ -106,6 +107,7 @@ class EventLog:
             yield fields
         finally:
             end = self._clock()
+            self._end_steps()
             self._record({"event": event, "time": end, "seconds": end - began, **fields})
             self.flush()
 
@@ -131,10 +133,8 @@ class EventLog:
         return [*self.previous, self._live + list(sums.values())]
 
     def flush(self) -> None:
-        """Writes what waits: the steps since the last flush as one record, then the other events."""
-        if self._steps is not None:
-            self._record(self._steps)
-            self._steps = None
+        """Writes what waits, the steps since the last flush as one record."""
+        self._end_steps()
         if self._path is None or not self._unwritten:
             return
         try:
@@ -149,6 +149,11 @@ class EventLog:
 
     def __exit__(self, exc_type, exc, traceback):
         self.mark("end", status="done" if exc_type is None else exc_type.__name__)
+
+    def _end_steps(self) -> None:
+        if self._steps is not None:
+            self._record(self._steps)
+            self._steps = None
 
     def _record(self, event: dict) -> None:
         if not self._writing:

@@ -130,7 +130,10 @@ def test_the_event_log_writes_what_the_accounting_reads_and_its_live_view_agrees
                 with log.span("save", step=4):
                     clock.tick(1)
         live = goodput.account(log.attempts())
+        # The live view sums the loop's recurring events: one steps record, however long the run.
+        assert [(e["first"], e["last"]) for e in log.attempts()[-1] if e["event"] == "steps"] == [(3, 5)]
     written = read_attempts(tmp_path / EVENTS_DIR)
+    assert written[1][-1]["status"] == "done"
     assert [len(events) for events in written] == [4, 8]  # the torn line skipped; steps 3-4 and 5 two records
     final = goodput.account(written)
     assert final.seconds == pytest.approx(live.seconds)  # `end` adds no time: the clock stood still
@@ -138,6 +141,14 @@ def test_the_event_log_writes_what_the_accounting_reads_and_its_live_view_agrees
     assert final.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == pytest.approx(20.0)
     assert final.seconds["DATA_LOADING_SYNC"] == pytest.approx(1.5)
     _sums_to_wall(final, clock() - 900.0)
+
+
+def test_the_last_event_says_how_the_attempt_ended(tmp_path):
+    with pytest.raises(KeyboardInterrupt), EventLog(started=0.0) as log:
+        log.open(tmp_path, is_main=True)
+        raise KeyboardInterrupt
+    (events,) = read_attempts(tmp_path / EVENTS_DIR)
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "KeyboardInterrupt"
 
 
 def test_a_process_other_than_the_first_writes_nothing_and_a_failed_write_warns_once(tmp_path, capsys):

@@ -6,10 +6,12 @@ import sys
 
 from trainer import contract
 from trainer.errors import UserError, entry_point
+from trainer.measure.run_events import process_start_time
 
 
 @entry_point(prefix="trainer: ")
-def main(argv=None) -> int | None:
+def main(argv=None, *, started: float | None = None) -> int | None:
+    """`started`: when the process started, the first goodput event (trainer.measure.run_events)."""
     from trainer.config import parse_config
 
     config = parse_config(argv)
@@ -20,7 +22,7 @@ def main(argv=None) -> int | None:
     from trainer import loop
 
     try:
-        loop.train(config)
+        loop.train(config, started=started)
     except loop.Preempted as preempted:
         print(f"trainer: {preempted}", file=sys.stderr)
         return contract.RETRY
@@ -34,4 +36,4 @@ def main(argv=None) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(started=process_start_time()))

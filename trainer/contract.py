@@ -37,3 +37,14 @@ PUBLISHED_PARTS = (PUBLISHED_MODEL_DIR, "base", "adapter")
 # The parts each gemma-tpu:serving.lora mode serves: what the served run publishes (--publish-parts)
 # and what a version must hold for serving to pick it.
 SERVED_PARTS = {"merged": (PUBLISHED_MODEL_DIR,), "adapter": ("base", "adapter")}
+
+# Goodput (trainer.measure.goodput): every report line carries GOODPUT_KEY, the share of the run's
+# paid wall time (all attempts, the gaps between them included) that trained steps kept, and one
+# BADPUT_KEYS share per category of the rest. The categories are ml-goodput-measurement's BadputType
+# names, so that its users can compare; the stack's log-based metrics read these keys.
+GOODPUT_KEY = "goodput"
+BADPUT_CATEGORIES = (
+    "TPU_INITIALIZATION", "TRAINING_PREP", "PROGRAM_STARTUP", "DATA_LOADING_SYNC", "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+    "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", "WASTED_PROGRESS_FROM_DISRUPTION", "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", "OTHER",
+)  # fmt: skip
+BADPUT_KEYS = {category: f"badput_{category.lower()}" for category in BADPUT_CATEGORIES}

@@ -24,7 +24,7 @@ from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
 
-from trainer.measure import flops, step_profile
+from trainer.measure import flops, goodput, step_profile
 from trainer.data import loader as data_lib
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -34,6 +34,7 @@ from trainer.errors import UserError
 from trainer.run.metrics import METRICS_FILE, MetricsReporter
 from trainer.measure.plot import plot_loss
 from trainer.run.preemption import PreemptionNotice
+from trainer.measure.run_events import EventLog
 from trainer.measure.throughput import ThroughputMeter
 
 # The demo's generated inputs (`--preset tiny` or `tiny-chat` without --data / --tokenizer).
@@ -60,26 +61,30 @@ class Inputs:
     tokenizer_path: str
 
 
-def train(config: TrainConfig) -> dict:
-    """Runs (or resumes) the training described by `config`; returns the final metrics."""
-    distributed = mesh.initialize_distributed(
-        coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
-    )
-    mesh.require_requested_platform()
-    preemption = PreemptionNotice(distributed)
-    try:
-        return _train(config, preemption)
-    finally:
-        preemption.close()
+def train(config: TrainConfig, *, started: float | None = None) -> dict:
+    """Runs (or resumes) the training described by `config`; returns the final metrics. `started`: when
+    this attempt began (the process's start, from the entry point), for its goodput events; else now."""
+    with EventLog(started) as events:
+        distributed = mesh.initialize_distributed(
+            coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
+        )
+        mesh.require_requested_platform()
+        events.mark("init")
+        preemption = PreemptionNotice(distributed)
+        try:
+            return _train(config, preemption, events)
+        finally:
+            preemption.close()
 
 
-def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
+def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) -> dict:
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(config.workdir)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"--workdir {config.workdir}: cannot use it ({error.strerror}); choose a directory this job can write") from None
+    events.open(workdir, is_main=is_main)
     if config.publish_dir is not None:
         publish.check_publish_dir(config.publish_dir)
     if config.profile_port:
@@ -112,12 +117,15 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         start_step = 0
     else:
         abstract = step.abstract_state(trained, optimizer, state_shardings_fn=run_step.shard)
-        start_step, state = checkpointer.restore_latest(abstract, train_batches)
+        with events.span("restore") as restored:
+            start_step, state = checkpointer.restore_latest(abstract, train_batches)
+            restored["step"] = start_step
 
     # Compiled ahead of its first call, so that --remat and --vocab-chunk auto can try the next candidate
     # when one does not fit.
-    run_step, lowered, compiled_train = step.compile_run_step(
-        run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
+    with events.span("compile"):
+        run_step, lowered, compiled_train = step.compile_run_step(
+            run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
     if is_main:
@@ -135,7 +143,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         sample = lambda state: sampling.sample_text(model, forward_params(state), inputs.tokenizer,  # noqa: E731
                                                     chat_template=inputs.data.is_chat)
         if config.samples:
-            reporter.text("samples/before", start_step, sample(state))
+            with events.span("eval"):
+                reporter.text("samples/before", start_step, sample(state))
         loop = _StepLoop(
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
             checkpointer=checkpointer, reporter=reporter, schedule=optimizer_lib.learning_rate_schedule(run_step.optimizer_config), inputs=inputs,
@@ -143,20 +152,24 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
                 positions_per_step=positions_per_step,
                 flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
             ),
-            preemption=preemption,
+            preemption=preemption, events=events,
         )
+        events.mark("ready", start_step=start_step)
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
         finally:
-            checkpointer.close()
+            with events.span("save"):  # the last save, asynchronous until now
+                checkpointer.close()
         if config.samples:
-            reporter.text("samples/after", total_steps, sample(state))
-    export_final(workdir, state, frozen, config=config, model_config=model_config, tokenizer=inputs.tokenizer)
-    if is_main:
-        try:
-            plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
-        except UserError as error:  # a nicety: the run's weights are exported and published by now
-            checkpoint.print_warning(f"the loss plot was not drawn: {error}")
+            with events.span("eval"):
+                reporter.text("samples/after", total_steps, sample(state))
+    with events.span("export"):
+        export_final(workdir, state, frozen, config=config, model_config=model_config, tokenizer=inputs.tokenizer)
+        if is_main:
+            try:
+                plot_loss(workdir / METRICS_FILE, workdir / "loss.png")
+            except UserError as error:  # a nicety: the run's weights are exported and published by now
+                checkpoint.print_warning(f"the loss plot was not drawn: {error}")
     return final_metrics
 
 
@@ -253,6 +266,7 @@ class _StepLoop:
     inputs: Inputs
     throughput: ThroughputMeter
     preemption: PreemptionNotice
+    events: EventLog
     last_good_checkpoint: int | None = None
     data_stated: bool = False
     _profile_started: float = 0.0
@@ -262,10 +276,12 @@ class _StepLoop:
         self.last_good_checkpoint = start_step or None
         final = {}
         for step_number in range(start_step + 1, self.total_steps + 1):
+            waited = time.time()
             try:
                 local_batch = next(train_batches)
             except StopIteration:
                 break
+            began = time.time()
             self._profile(step_number - start_step, before=True)
             state, metrics = self.functions.train(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
             self._profile(step_number - start_step, before=False, metrics=metrics)
@@ -276,9 +292,12 @@ class _StepLoop:
             due_eval = config.eval_fraction > 0 and (step_number % config.eval_interval == 0 or last)
             due_checkpoint = step_number % config.checkpoint_interval == 0 or last
             preempted = self.preemption.reached(step_number)
-            if not (due_log or due_eval or due_checkpoint or preempted):
+            due = due_log or due_eval or due_checkpoint or preempted
+            # The host runs ahead of the chips: a step's time is known where the loop waits for its metrics.
+            values = {key: float(value) for key, value in jax.device_get(metrics).items()} if due else None
+            self.events.step(step_number, waited=waited, began=began)
+            if not due:
                 continue
-            values = {key: float(value) for key, value in jax.device_get(metrics).items()}
             self._check_finite(step_number, values)
             report = {}
             if due_log:
@@ -286,8 +305,12 @@ class _StepLoop:
                 report["batch"] = batch_digest(local_batch)
                 report.update(self.throughput.measure())
                 final = {"step": step_number, **report}
+                self.events.flush()
+                if attempts := self.events.attempts():
+                    report.update(goodput.account(attempts).report())
             if due_eval:
-                report.update(self._evaluate(state))
+                with self.events.span("eval"):
+                    report.update(self._evaluate(state))
             if report:
                 if not self.data_stated:
                     # With the first report, not before step 1: a run that fails there prints nothing on stdout.
@@ -295,10 +318,12 @@ class _StepLoop:
                     self.data_stated = True
                 self.reporter.report(step_number, report)
             if due_checkpoint or preempted:
-                self.checkpointer.save(step_number, state, train_batches)
+                with self.events.span("save", step=step_number):
+                    self.checkpointer.save(step_number, state, train_batches)
                 self.last_good_checkpoint = step_number
             if preempted and not last:
-                self.checkpointer.close()
+                with self.events.span("save"):
+                    self.checkpointer.close()
                 raise Preempted(step_number)
             self.throughput.restart()  # eval and checkpoint time is not step time
         return state, final

@@ -1,5 +1,6 @@
 """The stack's Cloud Monitoring dashboard as a function of its config: the run (loss, tokens/s, step
-time, the training object's events, container restarts, the trainer's TPU duty cycle), then each TPU
+time, goodput and its badput breakdown, the training object's events, container restarts, the trainer's
+TPU duty cycle), then each TPU
 node pool (TensorCore utilization, duty cycle, HBM). The JSON is the Dashboards API's `Dashboard`
 (cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards)."""
 
@@ -31,6 +32,10 @@ def _run_charts(config: StackConfig, run: RunTelemetry) -> list[dict]:
         chart("Loss", [_reported(run.loss, by_run)], "loss"),
         chart("Tokens per second", [_reported(run.tokens_per_sec, by_run)], "tokens/s"),
         chart("Seconds per step", [_reported(run.step_time, by_run)], "s"),
+        chart("Goodput: share of the run's wall time in kept steps", [_reported(run.goodput, by_run)], "share"),
+        # One area a category, over every run: the breakdown of the same wall time as the goodput.
+        chart("Badput by category (ml-goodput-measurement's names)",
+              [_reported(metric, (), plot="STACKED_AREA", legend=category) for category, metric in run.badput.items()], "share"),
         chart(f"Run events of the {run.events.kind}, by reason",
               [series(run.run_events.series, "ALIGN_SUM", "REDUCE_SUM", (metric_label("reason"),), plot="STACKED_BAR")], "events"),
         chart("Container restarts in the training namespace",
@@ -58,17 +63,20 @@ def node_charts(nodes: NodeSeries) -> list[dict]:
     ]
 
 
-def _reported(metric: LogMetric, group_by: tuple[str, ...]) -> dict:
+def _reported(metric: LogMetric, group_by: tuple[str, ...], *, plot: str = "LINE", legend: str | None = None) -> dict:
     # A distribution a period: the reducer's mean is the exact mean of the values the trainer reported.
-    return series(metric.series, "ALIGN_DELTA", "REDUCE_MEAN", group_by)
+    return series(metric.series, "ALIGN_DELTA", "REDUCE_MEAN", group_by, plot=plot, legend=legend)
 
 
-def series(filter_: str, aligner: str, reducer: str, group_by: Iterable[str], *, plot: str = "LINE") -> dict:
+def series(filter_: str, aligner: str, reducer: str, group_by: Iterable[str], *, plot: str = "LINE", legend: str | None = None) -> dict:
     aggregation = {"alignmentPeriod": ALIGNMENT, "perSeriesAligner": aligner, "crossSeriesReducer": reducer}
     if group_by:
         aggregation["groupByFields"] = list(group_by)
-    return {"timeSeriesQuery": {"timeSeriesFilter": {"filter": filter_, "aggregation": aggregation}},
-            "plotType": plot, "minAlignmentPeriod": ALIGNMENT}  # fmt: skip
+    dataset = {"timeSeriesQuery": {"timeSeriesFilter": {"filter": filter_, "aggregation": aggregation}},
+               "plotType": plot, "minAlignmentPeriod": ALIGNMENT}  # fmt: skip
+    if legend is not None:
+        dataset["legendTemplate"] = legend
+    return dataset
 
 
 def chart(title: str, datasets: list[dict], unit: str, *, threshold: tuple[str, float] | None = None) -> dict:

@@ -99,6 +99,8 @@ class RunTelemetry:
     loss: LogMetric
     tokens_per_sec: LogMetric
     step_time: LogMetric
+    goodput: LogMetric
+    badput: Mapping[str, LogMetric]  # ml-goodput-measurement's category -> the share the trainer reports
     run_events: LogMetric
     events: RunEvents  # of the stack's training object
     container_restarts: str  # filter: every container of the training namespace
@@ -107,7 +109,7 @@ class RunTelemetry:
 
     @property
     def log_metrics(self) -> tuple[LogMetric, ...]:
-        return (self.loss, self.tokens_per_sec, self.step_time, self.run_events)
+        return (self.loss, self.tokens_per_sec, self.step_time, self.goodput, *self.badput.values(), self.run_events)
 
 
 def run_telemetry(config: StackConfig) -> RunTelemetry:
@@ -118,6 +120,10 @@ def run_telemetry(config: StackConfig) -> RunTelemetry:
         loss=_reported(config, "loss", "Training loss", "1"),
         tokens_per_sec=_reported(config, "tokens_per_sec", "Training tokens per second (non-padding)", "1/s"),
         step_time=_reported(config, "step_time_s", "Seconds per training step", "s"),
+        # The run's goodput so far, all its attempts (trainer.measure.goodput), and where the rest went.
+        goodput=_reported(config, contract.GOODPUT_KEY, "Share of the run's wall time that trained kept steps (goodput)", "1"),
+        badput={category: _reported(config, key, f"Share of the run's wall time lost to {category} (badput)", "1")
+                for category, key in contract.BADPUT_KEYS.items()},
         run_events=LogMetric(
             key="run_events",
             name=run_events,

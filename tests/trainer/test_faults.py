@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from gemma import gm
 
+from tests.trainer.measure.test_goodput import assert_accounts_for_the_wall_time
 from tests.trainer.test_train import tiny_args
 from trainer import contract
 from trainer.run import checkpoint
@@ -175,7 +176,7 @@ def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(refe
     # From the second interval on: Orbax starts a save only once the one before has finished, so a
     # completed checkpoint exists to resume from.
     kill_points = sorted(random.Random(SEED + 1).sample(range(2 * CHECKPOINT_INTERVAL + 1, STEPS - 8), SIGKILL_POINTS))
-    expected_resume = None
+    expected_resume, lost_steps = None, False
     for number, point in enumerate(kill_points):
         run = _Trainer(workdir, inputs, f"sigkill-{number}")
         run.wait_for_step(max(point, (expected_resume or 0) + 1))
@@ -184,6 +185,7 @@ def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(refe
         assert _resumed_from(run) == expected_resume
         reached = _training_records(workdir)[-1]["step"]
         expected_resume = _completed_checkpoints(workdir)[-1]
+        lost_steps = lost_steps or reached > expected_resume
         # The newest due checkpoint may still have been in flight (saves are asynchronous).
         assert expected_resume in range(reached - reached % CHECKPOINT_INTERVAL - CHECKPOINT_INTERVAL, reached + 1)
     final = _Trainer(workdir, inputs, "sigkill-final")
@@ -197,6 +199,10 @@ def test_sigkill_at_random_steps_resumes_from_the_last_completed_checkpoint(refe
     for record in records:
         assert (record["batch"], record["loss"]) == want[record["step"]], record["step"]
     _assert_same_params(workdir, reference)
+    # Every second of the three attempts accounted; the steps trained again were lost the first time.
+    breakdown = assert_accounts_for_the_wall_time(workdir, attempts=SIGKILL_POINTS + 1)
+    assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] > 0 or not lost_steps
+    assert breakdown.seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] > 0
 
 
 def _truncate_tensor_data(step_dir: pathlib.Path) -> None:

@@ -15,6 +15,7 @@ from gemma import gm
 from trainer import contract, loop
 from trainer.config import parse_config
 from trainer.run.metrics import read_metrics
+from tests.trainer.measure.test_goodput import assert_accounts_for_the_wall_time
 from tests.trainer.test_train import tiny_args
 
 STEPS = 8
@@ -47,6 +48,12 @@ def test_stop_and_resume_gives_the_parameters_and_batches_of_a_straight_run(tmp_
     assert _steps_reported(resumed) == list(range(1, STEPS + 1))
     # Equal losses after the resume: the same batches met the same parameters.
     assert _losses(resumed) == _losses(straight)
+    # Two attempts, the second resumed from the first's last checkpoint: nothing lost, every second accounted.
+    breakdown = assert_accounts_for_the_wall_time(resumed, attempts=2)
+    assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == 0
+    assert breakdown.seconds["UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"] > 0
+    assert breakdown.seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] > 0
+    assert {"goodput", "badput_data_loading_sync"} <= set(read_metrics(resumed / "metrics.jsonl")[-1])
     want = gm.ckpts.load_params(straight / "export" / "params")
     got = gm.ckpts.load_params(resumed / "export" / "params")
     assert jax.tree.structure(got) == jax.tree.structure(want)

@@ -13,6 +13,7 @@ from infra.observability import telemetry
 from infra.config import parse_stack_config
 from infra.config.stack_files import offline_values
 from tests.infra.observability import monitoring_filters
+from tests.trainer.measure.test_goodput import assert_accounts_for_the_wall_time
 from trainer.data import loader as data
 from trainer import contract, loop
 from trainer.model import models
@@ -96,6 +97,11 @@ def test_json_log_lines_hold_what_the_stacks_log_metrics_extract(tmp_path, prepa
         for entry in counted:
             assert monitoring_filters.extract(metric.value_extractor, entry) > 0
             assert monitoring_filters.extract(metric.labels["run"], entry) == "gemma-finetune-0123abcd"
+    # The goodput and each badput share, on every report: shares of the wall time, summing to one.
+    for entry in [entry for entry in entries if entry["jsonPayload"]["event"] == "report"]:
+        shares = [monitoring_filters.extract(metric.value_extractor, entry) for metric in (run.goodput, *run.badput.values())
+                  if monitoring_filters.matches(metric.filter, entry)]
+        assert len(shares) == 1 + len(run.badput) and shares[0] > 0 and sum(shares) == pytest.approx(1.0)
 
 
 def test_run_leaves_config_checkpoint_events_plot_and_loadable_export(full_run, tokenized_data):
@@ -108,6 +114,15 @@ def test_run_leaves_config_checkpoint_events_plot_and_loadable_export(full_run, 
     params = gm.ckpts.load_params(full_run / "export" / "params")
     expected = jax.eval_shape(lambda: models.init_params(models.model_config("tiny", vocab_size=tokenized_data.vocab_size), seed=0))
     assert jax.tree.map(lambda x: x.shape, params) == jax.tree.map(lambda x: x.shape, expected)
+
+
+def test_the_demo_runs_goodput_accounts_for_its_whole_wall_time(full_run):
+    breakdown = assert_accounts_for_the_wall_time(full_run, attempts=1)  # prints the table (pytest -s)
+    assert breakdown.seconds["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] > 0 and breakdown.seconds["OTHER"] > 0  # saves; evals, export
+    assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == breakdown.seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == 0
+    # The last report's goodput is the run's up to its last step (before the final save, samples, export).
+    last = read_metrics(full_run / "metrics.jsonl")[-1]
+    assert breakdown.goodput < last["goodput"] < 1
 
 
 def test_lora_trains_only_the_adapters(tmp_path, prepared_dir, tokenizer_path, tokenized_data):

@@ -39,6 +39,10 @@ _SCREEN_LABELS = {
     "eval_perplexity": "eval_ppl",
 }
 _BAR_WIDTH = 20
+# Shown as percentages.
+_SCREEN_SHARES = ("mfu", contract.GOODPUT_KEY)
+# In the record only: the badput breakdown would crowd the line (`python -m trainer.goodput` prints it).
+_OFF_SCREEN = frozenset(contract.BADPUT_KEYS.values())
 
 
 def _json_value(value):
@@ -63,7 +67,7 @@ def _human_count(value: float) -> str:
 def _screen_value(key: str, value) -> str:
     if value is None:
         return "n/a"
-    if key == "mfu":
+    if key in _SCREEN_SHARES:
         return f"{100 * value:.1f}%"
     if key in _SCREEN_COUNTS:
         return _human_count(value)
@@ -191,7 +195,8 @@ class MetricsReporter:
 
     def _show(self, step: int, record: dict) -> None:
         fields = " ".join(
-            f"{_SCREEN_LABELS.get(key, key)} {_screen_value(key, value)}" for key, value in record.items() if key != "step"
+            f"{_SCREEN_LABELS.get(key, key)} {_screen_value(key, value)}" for key, value in record.items()
+            if key != "step" and key not in _OFF_SCREEN
         )
         progress = f"step {step}/{self._total_steps}"
         eta = f"ETA {self._eta(step)}"

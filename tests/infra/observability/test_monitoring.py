@@ -8,6 +8,7 @@ import re
 import pytest
 
 from infra.observability import telemetry
+from trainer import contract
 from infra.config import parse_stack_config
 from infra.observability.monitoring import CONSOLE
 from infra.catalog.names import NODE_POOL_LABEL, tpu_pool_names
@@ -58,7 +59,7 @@ DASHBOARD_FIELDS = {
     "Widget": {"title": str, "xyChart": "XyChart"},
     "XyChart": {"dataSets": ["DataSet"], "yAxis": "Axis", "thresholds": ["Threshold"]},
     "DataSet": {"timeSeriesQuery": "TimeSeriesQuery", "plotType": {"LINE", "STACKED_AREA", "STACKED_BAR", "HEATMAP"},
-                "minAlignmentPeriod": str},
+                "minAlignmentPeriod": str, "legendTemplate": str},
     "TimeSeriesQuery": {"timeSeriesFilter": "TimeSeriesFilter"},
     "TimeSeriesFilter": {"filter": str, "aggregation": "Aggregation"},
     "Aggregation": {"alignmentPeriod": str, "perSeriesAligner": set(ALIGNERS), "crossSeriesReducer": set(REDUCERS),
@@ -200,6 +201,8 @@ def test_the_dashboard_shows_the_run_from_the_trainers_lines_and_the_training_ob
                if not in_alert}  # fmt: skip
     user = f"{telemetry.USER_METRIC_PREFIX}gemma-tpu/{stack}/"
     assert {user + key for key in ("loss", "tokens_per_sec", "step_time_s", "run_events")} <= charted
+    # Goodput and each badput category's share, as the trainer's report lines carry them.
+    assert {user + key for key in (contract.GOODPUT_KEY, *contract.BADPUT_KEYS.values())} <= charted
     assert {telemetry.CONTAINER_RESTARTS, telemetry.CONTAINER_DUTY_CYCLE} <= charted
 
 

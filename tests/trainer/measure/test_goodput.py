@@ -1,0 +1,193 @@
+"""Goodput accounting on hand-written attempts, and the event log that records them."""
+
+import json
+import math
+
+import pytest
+
+from trainer import contract
+from trainer.goodput import main, run_breakdown
+from trainer.measure import goodput
+from trainer.measure.goodput import PRODUCTIVE, account
+from trainer.measure.run_events import EVENTS_DIR, EventLog, read_attempts
+
+
+def _attempt(start, *, init, ready, start_step, steps, saves=(), evals=(), end=None, restore=None, compile_s=0.0):
+    """Events of one attempt: `steps` are (first, last, end time, seconds, data seconds)."""
+    events = [{"event": "start", "time": start}, {"event": "init", "time": init}]
+    if restore is not None:
+        step, at, seconds = restore
+        events.append({"event": "restore", "time": at, "seconds": seconds, "step": step})
+    if compile_s:
+        events.append({"event": "compile", "time": ready, "seconds": compile_s})
+    events.append({"event": "ready", "time": ready, "start_step": start_step})
+    events += [{"event": "steps", "first": first, "last": last, "time": at, "seconds": seconds, "data_seconds": data}
+               for first, last, at, seconds, data in steps]
+    events += [{"event": "save", "time": at, "seconds": seconds, "step": step} for step, at, seconds in saves]
+    events += [{"event": "eval", "time": at, "seconds": seconds} for at, seconds in evals]
+    if end is not None:
+        events.append({"event": "end", "time": end, "status": "done"})
+    return events
+
+
+def _sums_to_wall(breakdown, wall):
+    assert math.isclose(sum(breakdown.seconds.values()), wall, rel_tol=0.01)
+    assert all(value >= 0 for value in breakdown.seconds.values()), breakdown.seconds
+
+
+def test_a_clean_run():
+    run = _attempt(100.0, init=110.0, ready=130.0, start_step=0, compile_s=8.0,
+                   steps=[(1, 10, 150.0, 15.0, 2.0), (11, 20, 170.0, 16.0, 1.0)],
+                   saves=[(20, 171.0, 1.0)], evals=[(160.0, 2.0)], end=180.0)
+    breakdown = account([run])
+    _sums_to_wall(breakdown, 80.0)
+    seconds = breakdown.seconds
+    assert seconds[PRODUCTIVE] == 31.0 and breakdown.goodput == pytest.approx(31.0 / 80.0)
+    assert seconds["TPU_INITIALIZATION"] == 10.0
+    assert seconds["PROGRAM_STARTUP"] == 8.0 and seconds["TRAINING_PREP"] == 12.0
+    assert seconds["DATA_LOADING_SYNC"] == 3.0 and seconds["UNPRODUCTIVE_CHECKPOINT_SAVE_TIME"] == 1.0
+    assert seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == 0 and seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == 0
+    assert seconds["OTHER"] == pytest.approx(50.0 - 31.0 - 3.0 - 1.0 - 2.0 + 2.0)  # the eval is OTHER too
+
+
+def test_a_killed_run_resumed_from_an_earlier_checkpoint_counts_the_lost_steps_at_their_first_time():
+    # Killed after step 30 (last event at 170): the checkpoint of step 20 was the newest complete one.
+    first = _attempt(100.0, init=110.0, ready=120.0, start_step=0,
+                     steps=[(1, 10, 140.0, 18.0, 1.0), (11, 20, 155.0, 14.0, 0.0), (21, 30, 170.0, 12.0, 0.0)],
+                     saves=[(20, 156.0, 1.0)])
+    # Restarted 30 s later, resumed after step 20, recomputed 21..30 faster and finished at 40.
+    second = _attempt(200.0, init=205.0, ready=215.0, start_step=20, restore=(20, 212.0, 3.0),
+                      steps=[(21, 30, 225.0, 9.0, 0.0), (31, 40, 235.0, 9.0, 0.0)], end=240.0)
+    breakdown = account([second, first])  # any order
+    _sums_to_wall(breakdown, 140.0)
+    seconds = breakdown.seconds
+    assert seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == 12.0  # the first attempt's time on 21..30
+    assert seconds[PRODUCTIVE] == 18.0 + 14.0 + 9.0 + 9.0
+    assert seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == 30.0
+    assert seconds["UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"] == 3.0
+    assert seconds["TPU_INITIALIZATION"] == 15.0 and seconds["TRAINING_PREP"] == 10.0 + 7.0
+    assert breakdown.attempts == 2
+
+
+def test_a_record_that_straddles_the_resumed_checkpoint_is_lost_in_proportion():
+    first = _attempt(0.0, init=1.0, ready=2.0, start_step=0, steps=[(1, 10, 12.0, 10.0, 0.0)])
+    second = _attempt(20.0, init=21.0, ready=22.0, start_step=4, steps=[(5, 10, 28.0, 6.0, 0.0)], end=28.0)
+    breakdown = account([first, second])
+    assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == pytest.approx(6.0)
+    assert breakdown.seconds[PRODUCTIVE] == pytest.approx(4.0 + 6.0)
+    _sums_to_wall(breakdown, 28.0)
+
+
+def test_an_attempt_that_died_before_its_loop_and_one_cut_by_the_next_start():
+    died = [{"event": "start", "time": 0.0}, {"event": "init", "time": 5.0}]  # no ready: the rest is preparation
+    # A later attempt that began before the previous one's last event (clocks of two hosts): cut there.
+    overlapping = _attempt(10.0, init=12.0, ready=14.0, start_step=0, steps=[(1, 5, 40.0, 20.0, 1.0)])
+    last = _attempt(30.0, init=31.0, ready=32.0, start_step=0, steps=[(1, 5, 42.0, 10.0, 0.0)], end=42.0)
+    breakdown = account([died, overlapping, last])
+    _sums_to_wall(breakdown, 42.0)
+    assert breakdown.seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == 5.0  # 5..10; none from 40 to 30
+
+
+def test_the_report_keys_are_the_contracts_and_the_shares_sum_to_one():
+    report = account([_attempt(0.0, init=1.0, ready=2.0, start_step=0, steps=[(1, 2, 10.0, 6.0, 1.0)])]).report()
+    assert set(report) == {contract.GOODPUT_KEY, *contract.BADPUT_KEYS.values()}
+    assert sum(report.values()) == pytest.approx(1.0) and report["goodput"] == pytest.approx(0.6)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+    def tick(self, seconds):
+        self.now += seconds
+
+
+def test_the_event_log_writes_what_the_accounting_reads_and_its_live_view_agrees(tmp_path):
+    clock = _Clock()
+    earlier = tmp_path / EVENTS_DIR / "events-19700101T000000.000000Z-1.jsonl"
+    earlier.parent.mkdir()
+    earlier.write_text("".join(json.dumps(e) + "\n" for e in _attempt(900.0, init=901.0, ready=902.0, start_step=0,
+                                                                      steps=[(1, 4, 950.0, 40.0, 0.0)]))
+                       + '{"event": "steps", "ti')  # a line a kill tore
+    with EventLog(started=990.0, clock=clock) as log:
+        log.open(tmp_path, is_main=True)
+        log.mark("init")
+        with log.span("restore") as restored:
+            clock.tick(2)
+            restored["step"] = 2
+        log.mark("ready", start_step=2)
+        for number in (3, 4, 5):
+            waited = clock()
+            clock.tick(0.5)
+            began = clock()
+            clock.tick(1)
+            log.step(number, waited=waited, began=began)
+            if number == 4:
+                log.flush()
+                with log.span("save", step=4):
+                    clock.tick(1)
+        live = goodput.account(log.attempts())
+        # The live view sums the loop's recurring events: one steps record, however long the run.
+        assert [(e["first"], e["last"]) for e in log.attempts()[-1] if e["event"] == "steps"] == [(3, 5)]
+    written = read_attempts(tmp_path / EVENTS_DIR)
+    assert written[1][-1]["status"] == "done"
+    assert [len(events) for events in written] == [4, 8]  # the torn line skipped; steps 3-4 and 5 two records
+    final = goodput.account(written)
+    assert final.seconds == pytest.approx(live.seconds)  # `end` adds no time: the clock stood still
+    assert final.seconds[PRODUCTIVE] == pytest.approx(3.0 + 2 * 10.0)  # 3..4 of the first attempt were lost
+    assert final.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == pytest.approx(20.0)
+    assert final.seconds["DATA_LOADING_SYNC"] == pytest.approx(1.5)
+    _sums_to_wall(final, clock() - 900.0)
+
+
+def test_the_last_event_says_how_the_attempt_ended(tmp_path):
+    with pytest.raises(KeyboardInterrupt), EventLog(started=0.0) as log:
+        log.open(tmp_path, is_main=True)
+        raise KeyboardInterrupt
+    (events,) = read_attempts(tmp_path / EVENTS_DIR)
+    assert events[-1]["event"] == "end" and events[-1]["status"] == "KeyboardInterrupt"
+
+
+def test_a_process_other_than_the_first_writes_nothing_and_a_failed_write_warns_once(tmp_path, capsys):
+    with EventLog(started=0.0) as log:
+        log.open(tmp_path, is_main=False)
+        log.mark("init")
+    assert not (tmp_path / EVENTS_DIR).exists() and log.attempts() == []
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the run directory's goodput folder would go")
+    with EventLog(started=0.0) as log:
+        log.open(blocked, is_main=True)
+        log.mark("init")
+        log.mark("ready", start_step=0)
+    assert capsys.readouterr().err.count("warning") == 1
+
+
+def test_the_cli_prints_the_table_and_names_a_workdir_without_events(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / EVENTS_DIR).mkdir(parents=True)
+    (run / EVENTS_DIR / "events-1.jsonl").write_text("".join(
+        json.dumps(e) + "\n" for e in _attempt(0.0, init=1.0, ready=2.0, start_step=0, steps=[(1, 5, 10.0, 6.0, 0.0)], end=10.0)))
+    assert main([str(run)]) == contract.OK
+    table = capsys.readouterr().out
+    assert "goodput of" in table and "60.0%" in table and "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION" in table
+    assert run_breakdown(str(run)).wall_s == 10.0
+    assert main([str(tmp_path / "nothing")]) == contract.USER_ERROR
+    assert capsys.readouterr().err.strip() == (f"trainer.goodput: error: {tmp_path / 'nothing'}: no goodput events there "
+                                               f"(no {EVENTS_DIR}/events-*.jsonl); pass the --workdir of a `python -m trainer` run")
+
+
+def assert_accounts_for_the_wall_time(workdir, *, attempts: int) -> goodput.Breakdown:
+    """The goodput table of a real run, printed (pytest -s shows it), its categories summing to the
+    wall time the raw events span: the first start to the last event."""
+    events = read_attempts(workdir / EVENTS_DIR)
+    breakdown = goodput.account(events)
+    print(goodput.format_table(breakdown, title=f"goodput of {workdir}: {breakdown.goodput:.1%}"))
+    first_start = min(event["time"] for attempt in events for event in attempt if event["event"] == "start")
+    wall = max(event["time"] for attempt in events for event in attempt) - first_start
+    assert breakdown.attempts == attempts
+    assert math.isclose(breakdown.wall_s, wall, rel_tol=0.01), (breakdown.wall_s, wall)
+    assert breakdown.seconds[PRODUCTIVE] > 0 and breakdown.seconds["PROGRAM_STARTUP"] > 0
+    return breakdown

@@ -1,0 +1,45 @@
+"""`python -m trainer.goodput WORKDIR`: where a run's paid time went, finished or still running.
+
+Reads the goodput events of every attempt in WORKDIR/goodput/ (local or gs://, through etils.epath)
+and prints the table of trainer.measure.goodput: productive step time, then each badput category
+(ml-goodput-measurement's names), in seconds and as a share of the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainer.errors import UserError, entry_point
+from trainer.measure import goodput
+from trainer.measure.run_events import EVENTS_DIR, read_attempts
+
+
+def run_breakdown(workdir: str) -> goodput.Breakdown:
+    """The breakdown of the run in `workdir`; a UserError when it holds no events."""
+    from etils import epath  # only when asked: gs:// needs its cloud backend
+
+    directory = epath.Path(workdir) / EVENTS_DIR
+    try:
+        attempts = [events for events in read_attempts(directory) if events]
+    except OSError as error:
+        raise UserError(f"{workdir}: cannot read its goodput events ({error})") from None
+    if not attempts:
+        raise UserError(f"{workdir}: no goodput events there (no {EVENTS_DIR}/events-*.jsonl); pass the --workdir of a "
+                        "`python -m trainer` run")
+    return goodput.account(attempts)
+
+
+@entry_point(prefix="trainer.goodput: ")
+def main(argv=None) -> int | None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.goodput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workdir", help="the run's --workdir (a local folder or gs://BUCKET/PATH)")
+    args = parser.parse_args(argv)
+    breakdown = run_breakdown(args.workdir)
+    print(goodput.format_table(breakdown, title=f"goodput of {args.workdir}: {breakdown.goodput:.1%} over "
+                                                f"{breakdown.attempts} attempt{'s' if breakdown.attempts != 1 else ''}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""What each attempt of a run spent its time on, as timestamped events in WORKDIR/goodput/: one file
+per attempt (a process of process index 0, a restart being a new attempt), one JSON object a line.
+trainer.measure.goodput turns the events of all attempts into the goodput table.
+
+The events, each with `time` (seconds since the epoch, when it ended):
+  start    the process started (from /proc when the entry point asks for it)
+  init     the distributed system and the devices are up
+  ready    inputs, model and state are prepared and the step compiled: the loop starts after `start_step`
+  steps    steps `first`..`last`: `seconds` computing them, `data_seconds` blocked on their batches
+           (one record per log interval, so that a long run's file stays small)
+  restore, compile, save, eval, export   a span of `seconds` (restore and save name their `step`)
+  end      the attempt ended; `status` is "done" or the exception that ended it
+A killed process writes no `end`: its last flushed event is where it stopped.
+
+Recording must never fail a run: a write that fails warns once and recording stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import sys
+import time
+
+EVENTS_DIR = "goodput"
+# Events that recur through the loop: the live view of the current attempt sums them into one record
+# each, so that a report's accounting does not grow with the run.
+RECURRING = ("steps", "save", "eval", "export")
+SPAN_FIELDS = ("seconds", "data_seconds")
+
+
+def process_start_time() -> float:
+    """When this process started, in seconds since the epoch: from /proc/self/stat (Linux), so that the
+    interpreter's start and the imports count; else now."""
+    try:
+        fields = pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+
+
+def read_events(lines: list[str]) -> list[dict]:
+    """The events of one attempt's file; a line a kill left torn, or any unreadable one, is skipped."""
+    events = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("event"), str) and isinstance(event.get("time"), (int, float)):
+            events.append(event)
+    return events
+
+
+def read_attempts(directory) -> list[list[dict]]:
+    """The events of every attempt in `directory` (a pathlib or etils.epath Path: local or gs://)."""
+    return [read_events(path.read_text().splitlines()) for path in sorted(directory.glob("events-*.jsonl"))]
+
+
+class EventLog:
+    """The events of this attempt. Until `open` knows the run directory and whether this process
+    writes, events wait in memory; a process other than process 0 records nothing. Use as a context
+    manager around the attempt: its exit records `end`."""
+
+    def __init__(self, started: float | None = None, *, clock=time.time):
+        self._clock = clock
+        self._path: pathlib.Path | None = None
+        self._writing = True
+        self._unwritten: list[dict] = []
+        self._steps: dict | None = None  # the steps since the last flush
+        self.previous: list[list[dict]] = []  # the events of the attempts before this one
+        self._live: list[dict] = []  # this attempt's events, but the recurring ones after `ready`...
+        self._sums: dict[str, dict] = {}  # ...which are summed here, one record a kind
+        self._ready = False
+        self._record({"event": "start", "time": self._clock() if started is None else started, "pid": os.getpid()})
+
+    def open(self, workdir: pathlib.Path, *, is_main: bool) -> None:
+        """Starts writing this attempt's file in `workdir`, after reading the earlier attempts'."""
+        if not is_main:
+            self._writing, self._unwritten, self._live = False, [], []
+            return
+        directory = workdir / EVENTS_DIR
+        started = self._live[0]["time"]
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"{started % 1:.6f}"[1:]
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.previous = read_attempts(directory)
+        except OSError as error:
+            self._stop(directory, error)
+            return
+        self._path = directory / f"events-{stamp}Z-{os.getpid()}.jsonl"
+        self.flush()
+
+    def mark(self, event: str, **fields) -> None:
+        self._end_steps()  # the steps before it come first in the file
+        self._record({"event": event, "time": self._clock(), **fields})
+        self.flush()
+
+    @contextlib.contextmanager
+    def span(self, event: str, **fields):
+        """Records `event` with the seconds its block took; the block may add fields to the dict it gets."""
+        began = self._clock()
+        try:
+            yield fields
+        finally:
+            end = self._clock()
+            self._end_steps()
+            self._record({"event": event, "time": end, "seconds": end - began, **fields})
+            self.flush()
+
+    def step(self, number: int, *, waited: float, began: float) -> None:
+        """Step `number` is done: its batch was asked for at `waited`, arrived at `began`."""
+        if not self._writing:
+            return
+        end = self._clock()
+        if self._steps is None:
+            self._steps = {"event": "steps", "time": end, "first": number, "last": number, "seconds": 0.0, "data_seconds": 0.0}
+        self._steps.update(time=end, last=number)
+        self._steps["seconds"] += end - began
+        self._steps["data_seconds"] += began - waited
+
+    def attempts(self) -> list[list[dict]]:
+        """Every attempt's events so far, this one's recurring events summed into one record each (the
+        same accounting); none in a process that does not record."""
+        if not self._writing:
+            return []
+        sums = dict(self._sums)
+        if self._steps is not None:
+            sums["steps"] = _summed(sums.get("steps"), self._steps)
+        return [*self.previous, self._live + list(sums.values())]
+
+    def flush(self) -> None:
+        """Writes what waits, the steps since the last flush as one record."""
+        self._end_steps()
+        if self._path is None or not self._unwritten:
+            return
+        try:
+            with self._path.open("a", encoding="utf-8") as file:
+                file.write("".join(json.dumps(event) + "\n" for event in self._unwritten))  # one write: a kill tears one line
+        except OSError as error:
+            self._stop(self._path, error)
+        self._unwritten = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        self.mark("end", status="done" if exc_type is None else exc_type.__name__)
+
+    def _end_steps(self) -> None:
+        if self._steps is not None:
+            self._record(self._steps)
+            self._steps = None
+
+    def _record(self, event: dict) -> None:
+        if not self._writing:
+            return
+        self._unwritten.append(event)
+        kind = event["event"]
+        if kind in RECURRING and self._ready:
+            self._sums[kind] = _summed(self._sums.get(kind), event)
+        else:
+            self._ready = self._ready or kind == "ready"
+            self._live.append(event)
+
+    def _stop(self, where, error: OSError) -> None:
+        print(f"trainer: warning: {where}: recording the run's goodput events failed ({error.strerror or error}); "
+              "the run goes on without them", file=sys.stderr, flush=True)
+        self._writing, self._path, self._unwritten, self._live = False, None, [], []
+
+
+def _summed(earlier: dict | None, event: dict) -> dict:
+    """`event` with the seconds of `earlier` (of its kind) added: one record that spans both."""
+    if earlier is None:
+        return dict(event)
+    summed = {**event, **{field: earlier[field] + event[field] for field in SPAN_FIELDS if field in event}}
+    if "first" in earlier:
+        summed["first"] = earlier["first"]
+    return summed

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from trainer import shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
-from trainer.run import checkpoint, mesh, step
+from trainer.run import checkpoint, local_checkpoints, mesh, step
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
@@ -103,7 +103,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         process_index=jax.process_index(), process_count=jax.process_count(),
     )
     checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints)
-    resume_step = checkpointer.latest_step()
+    abstract = step.abstract_state(step.abstract_params(config, model_config)[0], optimizer, state_shardings_fn=run_step.shard)
+    local = local_checkpoints.open_local(config, abstract)  # None without --local-checkpoint-dir
+    tiers = local_checkpoints.Tiers(checkpointer, local)
+    resume_step = tiers.newest_step()
 
     trained, frozen = models.initial_params(config, model_config, run_step.shard, resuming=resume_step is not None)
     frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)  # None stays None
@@ -111,8 +114,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
         state = step.init_state(trained, optimizer, state_shardings_fn=run_step.shard)
         start_step = 0
     else:
-        abstract = step.abstract_state(trained, optimizer, state_shardings_fn=run_step.shard)
-        start_step, state = checkpointer.restore_latest(abstract, train_batches)
+        resumed = tiers.restore(abstract, train_batches)
+        start_step, state = resumed.step, resumed.state
 
     # Compiled ahead of its first call, so that --remat and --vocab-chunk auto can try the next candidate
     # when one does not fit.
@@ -130,7 +133,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
                          log_format=config.log_format) as reporter:
         if resume_step is not None:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
-            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}{done}")
+            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {resumed.directory} "
+                                             f"({resumed.tier} tier){done}")
         forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype)  # noqa: E731
         sample = lambda state: sampling.sample_text(model, forward_params(state), inputs.tokenizer,  # noqa: E731
                                                     chat_template=inputs.data.is_chat)
@@ -143,12 +147,14 @@ def _train(config: TrainConfig, preemption: PreemptionNotice) -> dict:
                 positions_per_step=positions_per_step,
                 flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
             ),
-            preemption=preemption,
+            preemption=preemption, local_checkpoints=local,
         )
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
         finally:
             checkpointer.close()
+            if local is not None:
+                local.close()
         if config.samples:
             reporter.text("samples/after", total_steps, sample(state))
     export_final(workdir, state, frozen, config=config, model_config=model_config, tokenizer=inputs.tokenizer)
@@ -253,6 +259,7 @@ class _StepLoop:
     inputs: Inputs
     throughput: ThroughputMeter
     preemption: PreemptionNotice
+    local_checkpoints: local_checkpoints.LocalCheckpoints | None = None  # the fast tier, saved on its own interval
     last_good_checkpoint: int | None = None
     data_stated: bool = False
     _profile_started: float = 0.0
@@ -270,6 +277,8 @@ class _StepLoop:
             state, metrics = self.functions.train(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
             self._profile(step_number - start_step, before=False, metrics=metrics)
             self.throughput.add(metrics)
+            if self.local_checkpoints is not None:
+                self.local_checkpoints.after_step(step_number, state, train_batches)
             last = step_number == self.total_steps
             # The first step of every run is reported too, so a resumed run shows where it started.
             due_log = step_number % config.log_interval == 0 or last or step_number == start_step + 1
@@ -299,6 +308,8 @@ class _StepLoop:
                 self.last_good_checkpoint = step_number
             if preempted and not last:
                 self.checkpointer.close()
+                if self.local_checkpoints is not None:
+                    self.local_checkpoints.close()
                 raise Preempted(step_number)
             self.throughput.restart()  # eval and checkpoint time is not step time
         return state, final

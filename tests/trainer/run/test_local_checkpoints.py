@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -285,3 +286,41 @@ def test_a_directory_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match=r"--local-checkpoint-dir .*/file/sub: cannot use it"):
         _tier(tmp_path / "file" / "sub")
+
+
+def test_the_tiny_models_local_save_and_restore_times(tmp_path):
+    """Measured, printed, not asserted (`pytest -s`): the tiny model's float32 full fine-tune state
+    (weights, AdamW's mu and nu) on this machine's CPU. docs/architecture.md scales it to Gemma 3."""
+    from trainer.model import models
+
+    params = models.init_params(models.model_config("tiny", vocab_size=512), seed=0)
+    state = {"step": jnp.int32(1), "params": params, "opt_state": {"mu": params, "nu": params}}
+    abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding), state)
+    tier, _ = _tier(tmp_path)
+    blocked = [tier.save(step, state, _Position(step)) for step in (1, 2, 3)]
+    started = time.perf_counter()
+    tier.close()
+    write_s = time.perf_counter() - started
+    step, restored = tier.restore([3], abstract, _Position())
+    size = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
+    print(f"\nlocal tier, tiny model state {size / 2**20:.1f} MiB on CPU: a save blocks {min(blocked) * 1e3:.1f} ms "
+          f"(of {', '.join(f'{b * 1e3:.1f}' for b in blocked)}), the last write finished {write_s * 1e3:.1f} ms after close(), "
+          f"restore {tier.restore_s * 1e3:.1f} ms")
+    assert step == 3 and jax.tree.structure(restored) == jax.tree.structure(state)
+
+
+@pytest.mark.parametrize("peer_steps, agreed", [([2, 3], [3, 2]), ([2], [2]), ([], []), ([1, 2, 3, 4], [3, 2])])
+def test_the_job_agrees_on_the_steps_every_process_holds(tmp_path, monkeypatch, peer_steps, agreed):
+    """A second process (its offer stands in for process_allgather's answer): only steps both hold count;
+    one whose tier is gone (a replaced host) leaves none."""
+    _saved(tmp_path)
+    tier, _ = _tier(tmp_path)
+    monkeypatch.setattr(local_lib.jax, "process_count", lambda: 2)
+
+    def allgather(mine):
+        peer = np.full(local_lib.OFFERED_STEPS, -1, np.int64)
+        peer[: len(peer_steps)] = peer_steps
+        return np.stack([mine, peer])
+
+    monkeypatch.setattr(local_lib.multihost_utils, "process_allgather", allgather)
+    assert tier.agreed_steps() == agreed

@@ -278,7 +278,7 @@ class _StepLoop:
             self._profile(step_number - start_step, before=False, metrics=metrics)
             self.throughput.add(metrics)
             if self.local_checkpoints is not None:
-                self.local_checkpoints.after_step(step_number, state, train_batches)
+                self.local_checkpoints.after_step(step_number, state, train_batches, metrics)
             last = step_number == self.total_steps
             # The first step of every run is reported too, so a resumed run shows where it started.
             due_log = step_number % config.log_interval == 0 or last or step_number == start_step + 1

@@ -157,11 +157,15 @@ class LocalCheckpoints:
 
     # Saving.
 
-    def after_step(self, step: int, state, data_iterator) -> None:
-        """Called by the step loop after every step: saves when `step` is due."""
+    def after_step(self, step: int, state, data_iterator, metrics=None) -> None:
+        """Called by the step loop after every step: saves when `step` is due, unless a value of the
+        step's `metrics` is not finite (a diverged state is never the one a restart resumes from)."""
+        due = self.interval is None or step % self.interval == 0
+        if not due or (metrics is not None and not all(np.isfinite(v) for v in jax.device_get(metrics).values())):
+            return
         if self.interval is None:
             self._choose_interval(step, state, data_iterator)
-        elif step % self.interval == 0:
+        else:
             self.save(step, state, data_iterator)
 
     def _choose_interval(self, step: int, state, data_iterator) -> None:

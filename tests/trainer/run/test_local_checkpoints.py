@@ -324,3 +324,11 @@ def test_the_job_agrees_on_the_steps_every_process_holds(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(local_lib.multihost_utils, "process_allgather", allgather)
     assert tier.agreed_steps() == agreed
+
+
+def test_a_step_whose_loss_is_not_finite_is_not_saved(tmp_path):
+    tier, _ = _tier(tmp_path, interval="1")
+    tier.after_step(1, _state(1), _Position(), {"loss": jnp.float32(2.0), "grad_norm": jnp.float32(1.0)})
+    tier.after_step(2, _state(2), _Position(), {"loss": jnp.float32(np.nan), "grad_norm": jnp.float32(1.0)})
+    tier.close()
+    assert tier.agreed_steps() == [1]

@@ -88,6 +88,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # None: WORKDIR/checkpoints
     checkpoint_interval: int = 500
     keep_checkpoints: int = 3
+    # The fast tier (trainer.run.local_checkpoints): per-host storage, off when None.
+    local_checkpoint_dir: str | None = None
+    local_checkpoint_interval: str = "auto"  # auto or a number of steps
     workdir: str = "runs/train"
     seed: int = 0
     preset: str | None = None
@@ -152,6 +155,24 @@ def vocab_chunk_option(text: str) -> str:
         return str(_positive_int(text))
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected auto, none or a positive number of vocabulary rows, got {text!r}") from None
+
+
+def _local_checkpoint_interval(text: str) -> str:
+    if text == "auto":
+        return text
+    try:
+        return str(_positive_int(text))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive number of steps, got {text!r}") from None
+
+
+def _local_directory(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory on this host (host memory or a local disk), got ''")
+    if "://" in text:
+        raise argparse.ArgumentTypeError(f"expected a directory on this host (host memory or a local disk), got {text!r}: "
+                                         "a bucket is --checkpoint-dir's tier")
+    return text
 
 
 def _non_negative_int(text: str) -> int:
@@ -294,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--checkpoint-dir", help="Orbax checkpoints, a local directory or gs:// path; a run resumes from its latest (default WORKDIR/checkpoints)")
     add("--checkpoint-interval", type=_positive_int, help=f"steps between checkpoints (default {d.checkpoint_interval})")
     add("--keep-checkpoints", type=_positive_int, help=f"checkpoints kept (default {d.keep_checkpoints})")
+    add("--local-checkpoint-dir", type=_local_directory, help="a second, fast checkpoint tier on each host's own storage (host "
+        "memory or a local disk): every process saves only the shards it holds and its data position there, in "
+        "process-<index>/<step>, keeping the last 2; a run resumes from the newer of the two tiers, the local one only at a step "
+        "every process holds (default: off)")
+    add("--local-checkpoint-interval", type=_local_checkpoint_interval, help="steps between local checkpoints; auto: chosen "
+        "from the first local save so that saving costs under 2%% of the step time (default auto)")
     add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")
     add("--seed", type=_int, help=f"seed for initialisation and data order (default {d.seed})")
     add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run); "
@@ -409,6 +436,12 @@ def _check_consistency(config: TrainConfig) -> None:
                         "full fine-tune (no --lora-rank): publish hf")
     if config.lora_weights and not config.lora_rank:
         raise UserError(f"--lora-weights {config.lora_weights} continues a LoRA run: pass --lora-rank, the adapter's r")
+    if config.local_checkpoint_dir is not None:
+        local = pathlib.Path(os.path.abspath(config.local_checkpoint_dir))
+        persistent = config.resolved_checkpoint_dir
+        if "://" not in persistent and local.is_relative_to(os.path.abspath(persistent)):
+            raise UserError(f"--local-checkpoint-dir {config.local_checkpoint_dir} is inside --checkpoint-dir {persistent}: "
+                            "the local tier needs a directory of its own, on the host's storage")
     if config.preset is None:
         if config.data is None:
             raise UserError("--data is required: a raw text, JSONL or Parquet file or a python -m trainer.data.prepare directory "

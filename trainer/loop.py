@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from trainer import shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
-from trainer.run import checkpoint, mesh, step
+from trainer.run import checkpoint, local_checkpoints, mesh, step
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
@@ -108,7 +108,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
         process_index=jax.process_index(), process_count=jax.process_count(),
     )
     checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints)
-    resume_step = checkpointer.latest_step()
+    abstract = step.abstract_state(step.abstract_params(config, model_config)[0], optimizer, state_shardings_fn=run_step.shard)
+    local = local_checkpoints.open_local(config, abstract)  # None without --local-checkpoint-dir
+    tiers = local_checkpoints.Tiers(checkpointer, local)
+    resume_step = tiers.newest_step()
 
     trained, frozen = models.initial_params(config, model_config, run_step.shard, resuming=resume_step is not None)
     frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)  # None stays None
@@ -116,9 +119,9 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
         state = step.init_state(trained, optimizer, state_shardings_fn=run_step.shard)
         start_step = 0
     else:
-        abstract = step.abstract_state(trained, optimizer, state_shardings_fn=run_step.shard)
         with events.span("restore") as restored:
-            start_step, state = checkpointer.restore_latest(abstract, train_batches)
+            resumed = tiers.restore(abstract, train_batches)
+            start_step, state = resumed.step, resumed.state
             restored["step"] = start_step
 
     # Compiled ahead of its first call, so that --remat and --vocab-chunk auto can try the next candidate
@@ -138,7 +141,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
                          log_format=config.log_format) as reporter:
         if resume_step is not None:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
-            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {checkpointer.directory}{done}")
+            reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {resumed.directory} "
+                                             f"({resumed.tier} tier){done}")
         forward_params = lambda state: step.forward_params(state["params"], frozen, compute_dtype)  # noqa: E731
         sample = lambda state: sampling.sample_text(model, forward_params(state), inputs.tokenizer,  # noqa: E731
                                                     chat_template=inputs.data.is_chat)
@@ -152,14 +156,16 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
                 positions_per_step=positions_per_step,
                 flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
             ),
-            preemption=preemption, events=events,
+            preemption=preemption, events=events, local_checkpoints=local,
         )
         events.mark("ready", start_step=start_step)
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
         finally:
-            with events.span("save"):  # the last save, asynchronous until now
+            with events.span("save"):  # the last saves, asynchronous until now
                 checkpointer.close()
+                if local is not None:
+                    local.close()
         if config.samples:
             with events.span("eval"):
                 reporter.text("samples/after", total_steps, sample(state))
@@ -267,6 +273,7 @@ class _StepLoop:
     throughput: ThroughputMeter
     preemption: PreemptionNotice
     events: EventLog
+    local_checkpoints: local_checkpoints.LocalCheckpoints | None = None  # the fast tier, saved on its own interval
     last_good_checkpoint: int | None = None
     data_stated: bool = False
     _profile_started: float = 0.0
@@ -286,6 +293,7 @@ class _StepLoop:
             state, metrics = self.functions.train(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
             self._profile(step_number - start_step, before=False, metrics=metrics)
             self.throughput.add(metrics)
+            local_due = self.local_checkpoints is not None and self.local_checkpoints.due(step_number)
             last = step_number == self.total_steps
             # The first step of every run is reported too, so a resumed run shows where it started.
             due_log = step_number % config.log_interval == 0 or last or step_number == start_step + 1
@@ -294,8 +302,11 @@ class _StepLoop:
             preempted = self.preemption.reached(step_number)
             due = due_log or due_eval or due_checkpoint or preempted
             # The host runs ahead of the chips: a step's time is known where the loop waits for its metrics.
-            values = {key: float(value) for key, value in jax.device_get(metrics).items()} if due else None
+            values = {key: float(value) for key, value in jax.device_get(metrics).items()} if due or local_due else None
             self.events.step(step_number, waited=waited, began=began)
+            if local_due:
+                with self.events.span("save", step=step_number, tier="local"):
+                    self.local_checkpoints.after_step(step_number, state, train_batches, values)
             if not due:
                 continue
             self._check_finite(step_number, values)
@@ -324,6 +335,8 @@ class _StepLoop:
             if preempted and not last:
                 with self.events.span("save"):
                     self.checkpointer.close()
+                    if self.local_checkpoints is not None:
+                        self.local_checkpoints.close()
                 raise Preempted(step_number)
             self.throughput.restart()  # eval and checkpoint time is not step time
         return state, final

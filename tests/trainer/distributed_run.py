@@ -3,16 +3,22 @@
 The distributed tests launch this in each local process. It runs `trainer.__main__.main` unchanged
 and writes to RECORD.json what that process saw: the job's devices, the mesh (which process holds
 each device) and the rows of every batch it fed to the train step. It exits with the trainer's code.
+
+With KILL_AFTER_LOCAL_STEP=S in its environment, process KILL_PROCESS (default 1) SIGKILLs itself the
+moment its local checkpoint of step S is complete (trainer.run.local_checkpoints): a crash at a known
+point, after a local save, whatever the processes' relative speeds.
 """
 
 import json
+import os
 import pathlib
+import signal
 import sys
 
 import jax
 
 from trainer import __main__ as cli
-from trainer.run import mesh
+from trainer.run import local_checkpoints, mesh
 
 
 def main(record_path: str, trainer_args: list[str]) -> int:
@@ -36,6 +42,17 @@ def main(record_path: str, trainer_args: list[str]) -> int:
         return global_batch(local_batch, device_mesh)
 
     mesh.build_mesh, mesh.global_batch = recording_build_mesh, recording_global_batch
+    kill_after = os.environ.get("KILL_AFTER_LOCAL_STEP")
+    if kill_after:
+        write = local_checkpoints.LocalCheckpoints._write
+
+        def write_then_die(self, step, *args):
+            write(self, step, *args)
+            if step == int(kill_after) and jax.process_index() == int(os.environ.get("KILL_PROCESS", "1")):
+                pathlib.Path(record_path).write_text(json.dumps(record))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        local_checkpoints.LocalCheckpoints._write = write_then_die
     try:
         return cli.main(trainer_args)
     finally:

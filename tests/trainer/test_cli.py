@@ -59,6 +59,13 @@ def test_every_flag_is_a_config_field_and_documented():
         (["--model", "gemma3-1b"], "--data is required"),
         (["--preset", "tiny", "--weights", "official"], "--model tiny has no official weights"),
         (["--preset", "tiny", "--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: file not found"),
+        (["--preset", "tiny", "--local-checkpoint-interval", "0"],
+         "argument --local-checkpoint-interval: expected auto or a positive number of steps, got '0'"),
+        (["--preset", "tiny", "--local-checkpoint-dir", "gs://bucket/local"],
+         "argument --local-checkpoint-dir: expected a directory on this host (host memory or a local disk), got "
+         "'gs://bucket/local': a bucket is --checkpoint-dir's tier"),
+        (["--preset", "tiny", "--workdir", "run", "--local-checkpoint-dir", "run/checkpoints/local"],
+         "--local-checkpoint-dir run/checkpoints/local is inside --checkpoint-dir run/checkpoints: the local tier needs"),
     ],
 )
 def test_bad_flags_fail_with_one_line(capsys, argv, message):
@@ -124,3 +131,9 @@ def test_a_requested_platform_that_does_not_start_is_one_line_not_a_cpu_run(tmp_
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("trainer: error: environment variable JAX_PLATFORMS=tpu: "), done.stderr
     assert "TPU device files" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_local_checkpoint_tier_is_off_by_default_and_its_interval_is_auto_or_steps():
+    assert (parse_config(["--preset", "tiny"]).local_checkpoint_dir, TrainConfig().local_checkpoint_interval) == (None, "auto")
+    config = parse_config(["--preset", "tiny", "--local-checkpoint-dir", "/dev/shm/ckpt", "--local-checkpoint-interval", "20"])
+    assert (config.local_checkpoint_dir, config.local_checkpoint_interval) == ("/dev/shm/ckpt", "20")

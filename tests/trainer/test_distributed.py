@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -49,6 +50,7 @@ class Run:
     workdir: pathlib.Path
     records: list[dict]  # one per process, written by distributed_run
     stderr: list[str]
+    stdout: str = ""  # process 0's
 
     @property
     def params(self):
@@ -80,13 +82,15 @@ class Job:
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         }  # fmt: skip
         self.record_paths = [self.workdir.with_name(f"{self.workdir.name}.process{i}.json") for i in range(processes)]
+        self.stdout_path = self.workdir.with_name(f"{self.workdir.name}.stdout")  # process 0's reports
         self.processes = []
         for index, record in enumerate(self.record_paths):
             distributed = ["--coordinator-address", f"localhost:{port}", "--num-processes", str(processes),
                            "--process-id", str(index)] if processes > 1 else []  # fmt: skip
             command = [sys.executable, "-m", "tests.trainer.distributed_run", str(record), *trainer_args, *distributed]
-            self.processes.append(subprocess.Popen(command, cwd=REPO, env=environment, text=True,
-                                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
+            with self.stdout_path.open("w") if index == 0 else open(os.devnull, "w") as stdout:
+                self.processes.append(subprocess.Popen(command, cwd=REPO, env=environment, text=True,
+                                                       stdout=stdout, stderr=subprocess.PIPE))  # fmt: skip
 
     def wait(self, expected_code: int = contract.OK) -> Run:
         try:
@@ -97,7 +101,8 @@ class Job:
                     process.kill()
         for index, (process, text) in enumerate(zip(self.processes, stderr)):
             assert process.returncode == expected_code, f"process {index}: exit {process.returncode}\n{text[-3000:]}"
-        return Run(self.workdir, [json.loads(path.read_text()) for path in self.record_paths], stderr)
+        return Run(self.workdir, [json.loads(path.read_text()) for path in self.record_paths], stderr,
+                   self.stdout_path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +225,79 @@ def test_sigterm_to_one_process_checkpoints_both_at_one_step_and_the_relaunch_fi
     assert [len(record["batches"]) for record in resumed.records] == [STEPS - step] * 2
     assert _max_difference(resumed.params, two_processes.params) == 0
     assert resumed.losses == pytest.approx(two_processes.losses, abs=1e-6)
+
+
+# The local tier (trainer.run.local_checkpoints): a local save every LOCAL_INTERVAL steps, a persistent
+# one every PERSISTENT_INTERVAL; process 1 is SIGKILLed the moment its local step KILLED_AFTER is
+# complete (tests/trainer/distributed_run.py), after the persistent step 7 and before the next.
+LOCAL_INTERVAL, PERSISTENT_INTERVAL, KILLED_AFTER = 2, 7, 10
+
+
+def _local_args(run_dir: pathlib.Path) -> tuple[str, ...]:
+    return ("--mesh", FSDP_MESH, "--local-checkpoint-dir", str(run_dir.with_name(f"{run_dir.name}.local")),
+            "--local-checkpoint-interval", str(LOCAL_INTERVAL), "--checkpoint-interval", str(PERSISTENT_INTERVAL))
+
+
+def _kill_after_a_local_save(launch, runs_dir: pathlib.Path, name: str) -> tuple[pathlib.Path, int]:
+    """Runs until process 1 kills itself after its local save of KILLED_AFTER, then SIGKILLs process 0
+    once its own save of that step is complete. (the local tier, the last step process 0 reported)."""
+    job = launch(name, 2, *_local_args(runs_dir / name), env={"KILL_AFTER_LOCAL_STEP": str(KILLED_AFTER)})
+    local = job.workdir.with_name(f"{name}.local")
+    try:
+        assert job.processes[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, job.processes[1].stderr.read()[-3000:]
+        deadline = time.monotonic() + 60
+        while not (local / "process-0" / str(KILLED_AFTER) / "meta.json").exists():
+            assert time.monotonic() < deadline and job.processes[0].poll() is None, "process 0 saved no local step"
+            time.sleep(0.05)
+    finally:
+        for process in job.processes:
+            process.kill()
+            process.wait()
+    reached = max(record["step"] for record in read_metrics(job.workdir / "metrics.jsonl") if "loss" in record)
+    return local, reached
+
+
+def _assert_every_step_trained_like_the_straight_run(run: Run, reference: Run, *, resumed_from: int) -> None:
+    """Every record (of both attempts) has the straight run's batch and loss; the restart fed STEPS - resumed_from
+    batches and ended with the straight run's parameters."""
+    want = {r["step"]: r for r in read_metrics(reference.workdir / "metrics.jsonl") if "loss" in r}
+    records = [r for r in read_metrics(run.workdir / "metrics.jsonl") if "loss" in r]
+    assert {r["step"] for r in records} == set(range(1, STEPS + 1))
+    for record in records:
+        assert record["batch"] == want[record["step"]]["batch"], record["step"]
+        assert record["loss"] == pytest.approx(want[record["step"]]["loss"], abs=1e-6), record["step"]
+    assert [len(record["batches"]) for record in run.records] == [STEPS - resumed_from] * 2
+    assert _max_difference(run.params, reference.params) == 0
+
+
+def test_sigkill_after_a_local_save_resumes_both_processes_from_the_local_tier(two_processes, launch, runs_dir):
+    local, reached = _kill_after_a_local_save(launch, runs_dir, "local_killed")
+    # What a kill in the middle of a later save leaves (a temporary never renamed, even one written
+    # whole) and a step directory without its completeness marker: neither is ever restored.
+    identity = json.loads((local / "process-0" / str(KILLED_AFTER) / "meta.json").read_text())["identity"]
+    for process in ("process-0", "process-1"):
+        shutil.copytree(local / process / str(KILLED_AFTER), local / process / f".partial-{STEPS}-{identity}-dead")
+    if not (local / "process-0" / str(STEPS)).exists():
+        shutil.copytree(local / "process-0" / str(KILLED_AFTER), local / "process-0" / str(STEPS))
+    (local / "process-0" / str(STEPS) / "meta.json").unlink()
+
+    resumed = launch("local_killed", 2, *_local_args(runs_dir / "local_killed")).wait()
+    assert f"resuming from the checkpoint of step {KILLED_AFTER} in {local} (local tier)" in resumed.stdout, resumed.stdout
+    assert reached - KILLED_AFTER <= LOCAL_INTERVAL
+    assert f"step {STEPS} of process 0 is not complete" in resumed.stderr[0]
+    _assert_every_step_trained_like_the_straight_run(resumed, two_processes, resumed_from=KILLED_AFTER)
+
+
+def test_a_process_whose_local_tier_is_gone_makes_the_job_resume_from_the_persistent_tier(two_processes, launch, runs_dir):
+    local, _ = _kill_after_a_local_save(launch, runs_dir, "local_lost")
+    persistent = _checkpointed_steps(runs_dir / "local_lost")
+    assert persistent in ([], [PERSISTENT_INTERVAL])  # the kill may have cut Orbax's save of step 7 short
+    shutil.rmtree(local / "process-1")  # a replaced host: no peer-to-peer copy, the step is incomplete
+
+    resumed = launch("local_lost", 2, *_local_args(runs_dir / "local_lost")).wait()
+    if persistent:
+        assert f"resuming from the checkpoint of step {PERSISTENT_INTERVAL} in {runs_dir / 'local_lost' / 'checkpoints'} " \
+               "(persistent tier)" in resumed.stdout, resumed.stdout
+    else:
+        assert "resuming" not in resumed.stdout, resumed.stdout
+    _assert_every_step_trained_like_the_straight_run(resumed, two_processes, resumed_from=persistent[-1] if persistent else 0)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from gemma import gm
 
+from tests.trainer.measure.test_goodput import assert_accounts_for_the_wall_time
 from tests.trainer.test_train import tiny_args
 from trainer import contract
 from trainer.model import models
@@ -286,6 +287,8 @@ def test_sigkill_after_a_local_save_resumes_both_processes_from_the_local_tier(t
     assert reached - KILLED_AFTER <= LOCAL_INTERVAL
     assert f"step {STEPS} of process 0 is not complete" in resumed.stderr[0]
     _assert_every_step_trained_like_the_straight_run(resumed, two_processes, resumed_from=KILLED_AFTER)
+    breakdown = assert_accounts_for_the_wall_time(resumed.workdir, attempts=2)  # prints the table (pytest -s)
+    assert breakdown.seconds["UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"] > 0
 
 
 def test_a_process_whose_local_tier_is_gone_makes_the_job_resume_from_the_persistent_tier(two_processes, launch, runs_dir):
@@ -301,3 +304,4 @@ def test_a_process_whose_local_tier_is_gone_makes_the_job_resume_from_the_persis
     else:
         assert "resuming" not in resumed.stdout, resumed.stdout
     _assert_every_step_trained_like_the_straight_run(resumed, two_processes, resumed_from=persistent[-1] if persistent else 0)
+    assert_accounts_for_the_wall_time(resumed.workdir, attempts=2)

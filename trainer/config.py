@@ -36,7 +36,7 @@ LR_SCHEDULES = ("cosine", "constant")
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.nn.precision's choice for the platform
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.run.optimizer)
 # What the trained weights and AdamW's state are kept in between steps (trainer.run.optimizer.PRECISIONS).
-PRECISIONS = ("float32", "lean")
+PRECISIONS = ("float32", "lean", "lean-factored")
 PRESETS = ("tiny", "tiny-chat")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
@@ -301,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--precision", choices=PRECISIONS, help="what the trained weights and AdamW's state are kept in between steps: float32 "
         "(16 bytes a trained parameter with the gradients) or lean (bfloat16 weights, gradients and both moments, 8 bytes, each "
         "update rounded stochastically so that small steps are not lost; --optimizer-state-dtype does not apply): half the "
-        f"state of float32 (docs/fit.md has its quality figures) (default {d.precision})")
+        "state of float32; or lean-factored: lean with each matrix's second moment kept as float32 row and column means "
+        f"(Adafactor's factoring), about 6 bytes (docs/fit.md has their quality figures) (default {d.precision})")
     add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row), splash (the TPU kernel, "
         "block-sparse over documents and Gemma 3's sliding window) or flash (the GPU kernel, the same without the [L, L] mask); "
         f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")

@@ -1,4 +1,4 @@
-"""--precision lean: the same step as float32's, and the same quality on the demo's run."""
+"""--precision lean (and lean-factored): the same step as float32's, and the same quality on the demo's run."""
 
 import jax
 import jax.numpy as jnp
@@ -51,15 +51,17 @@ def _demo_run(workdir, prepared_dir, tokenizer_path, *extra):
     return {record["step"]: record for record in read_metrics(workdir / "metrics.jsonl")}
 
 
-def test_the_lean_demo_run_ends_within_1_percent_of_float32s_loss(tmp_path, prepared_dir, tokenizer_path, capsys):
-    """The demo's run (`--preset tiny`: 150 steps) on the test corpus, float32 and lean from the same weights
-    and batches: the held-out loss at step 150 within 1%; the figures are printed (BENCHMARKS.md has the demo's own)."""
+def test_the_lean_demo_runs_end_within_1_percent_of_float32s_loss(tmp_path, prepared_dir, tokenizer_path, capsys):
+    """The demo's run (`--preset tiny`: 150 steps) on the test corpus, float32, lean and lean-factored from the same
+    weights and batches: the held-out loss at step 150 within 1%; the figures are printed (BENCHMARKS.md has the
+    demo's own)."""
     steps = PRESET_VALUES["tiny"]["steps"]
     float32 = _demo_run(tmp_path / "float32", prepared_dir, tokenizer_path)
-    lean = _demo_run(tmp_path / "lean", prepared_dir, tokenizer_path, "--precision", "lean")
-    with capsys.disabled():
-        print(f"\n  demo run, step {steps}: eval loss float32 {float32[steps]['eval_loss']:.4f}, lean {lean[steps]['eval_loss']:.4f}; "
-              f"train loss float32 {float32[steps]['loss']:.4f}, lean {lean[steps]['loss']:.4f}")
-    assert lean[1]["loss"] == pytest.approx(float32[1]["loss"], rel=1e-3)  # the same start
-    assert lean[steps]["eval_loss"] == pytest.approx(float32[steps]["eval_loss"], rel=0.01)
-    assert lean[steps]["eval_loss"] < 0.5 * lean[1]["loss"]  # and it learned
+    for precision in ("lean", "lean-factored"):
+        lean = _demo_run(tmp_path / precision, prepared_dir, tokenizer_path, "--precision", precision)
+        with capsys.disabled():
+            print(f"\n  demo run, step {steps}: eval loss float32 {float32[steps]['eval_loss']:.4f}, {precision} "
+                  f"{lean[steps]['eval_loss']:.4f}; train loss float32 {float32[steps]['loss']:.4f}, {precision} {lean[steps]['loss']:.4f}")
+        assert lean[1]["loss"] == pytest.approx(float32[1]["loss"], rel=1e-3), precision  # the same start
+        assert lean[steps]["eval_loss"] == pytest.approx(float32[steps]["eval_loss"], rel=0.01), precision
+        assert lean[steps]["eval_loss"] < 0.5 * lean[1]["loss"], precision  # and it learned

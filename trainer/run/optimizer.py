@@ -7,6 +7,10 @@
   probabilities that make the rounding exact on average), so that an update below bfloat16's spacing
   is not lost as round-to-nearest loses it (at lr 2e-5 most of them: REFERENCE.md section 4), and the
   second moment's 0.1% a step still moves. The update is one elementwise pass over each weight.
+- "lean-factored": lean, with the second moment of each matrix factored as Adafactor factors it: a
+  float32 mean of the squared gradients per row and per column (over the last two axes) instead of a
+  value per weight, their outer product over the rows' mean standing for it. About 6 bytes a
+  parameter: what lets a full fine-tune of gemma3-4b at seq 1024 fit one v6e chip (docs/fit.md).
 
 The train step calls `Optimizer.update`, then `Optimizer.apply_updates`, as it called optax's.
 """
@@ -21,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-PRECISIONS = ("float32", "lean")
+PRECISIONS = ("float32", "lean", "lean-factored")
 B1, B2, EPS = 0.9, 0.999, 1e-8  # optax.adamw's defaults, which both precisions use
 _LOW_HALF = 0xFFFF
 
@@ -89,7 +93,7 @@ class Optimizer:
 
 
 def build_optimizer(config: OptimizerConfig) -> Optimizer:
-    return _lean_adamw(config) if config.precision == "lean" else _float32_adamw(config)
+    return _float32_adamw(config) if config.precision == "float32" else _lean_adamw(config, factored=config.precision == "lean-factored")
 
 
 def _float32_adamw(config: OptimizerConfig) -> Optimizer:
@@ -125,12 +129,33 @@ def hashed_noise(shape: tuple[int, ...], seed: jax.Array) -> jax.Array:
     return bits ^ (bits >> 16)
 
 
-def _lean_adamw(config: OptimizerConfig) -> Optimizer:
+def _factors(param) -> bool:
+    """Whether a weight's second moment is factored: a matrix (the last two axes), neither axis of length 1."""
+    return param.ndim >= 2 and min(param.shape[-2:]) > 1
+
+
+def _second_moment_init(param, factored: bool):
+    if factored and _factors(param):
+        return {"rows": jnp.zeros(param.shape[:-1], jnp.float32), "columns": jnp.zeros((*param.shape[:-2], param.shape[-1]), jnp.float32)}
+    return jnp.zeros(param.shape, jnp.bfloat16)
+
+
+def _factored_second_moment(nu: dict, squared: jax.Array) -> tuple[dict, jax.Array]:
+    """(the new row and column means, the estimate of every weight's second moment they give): Adafactor's
+    rank-one estimate, rows x columns / mean of the rows, exact when the squared gradients are."""
+    rows = B2 * nu["rows"] + (1 - B2) * jnp.mean(squared, axis=-1)
+    columns = B2 * nu["columns"] + (1 - B2) * jnp.mean(squared, axis=-2)
+    estimate = rows[..., :, None] * columns[..., None, :] / jnp.maximum(jnp.mean(rows, axis=-1), 1e-30)[..., None, None]
+    return {"rows": rows, "columns": columns}, estimate
+
+
+def _lean_adamw(config: OptimizerConfig, *, factored: bool) -> Optimizer:
     schedule = learning_rate_schedule(config)
 
     def init(params):
         zeros = lambda p: jnp.zeros(p.shape, jnp.bfloat16)  # noqa: E731
-        return {"count": jnp.zeros((), jnp.int32), "mu": jax.tree.map(zeros, params), "nu": jax.tree.map(zeros, params)}
+        return {"count": jnp.zeros((), jnp.int32), "mu": jax.tree.map(zeros, params),
+                "nu": jax.tree.map(lambda p: _second_moment_init(p, factored), params)}
 
     def update(grads, state, params):
         count = state["count"] + 1
@@ -147,13 +172,16 @@ def _lean_adamw(config: OptimizerConfig) -> Optimizer:
         def update(param, grad, mu, nu, decayed):
             grad = grad.astype(jnp.float32) * clip
             mu = B1 * mu.astype(jnp.float32) + (1 - B1) * grad
-            nu = B2 * nu.astype(jnp.float32) + (1 - B2) * grad * grad
-            step = (mu / first_correction) / (jnp.sqrt(nu / second_correction) + EPS)
+            if isinstance(nu, dict):
+                nu, second_moment = _factored_second_moment(nu, grad * grad)
+            else:
+                nu = second_moment = B2 * nu.astype(jnp.float32) + (1 - B2) * grad * grad
+            step = (mu / first_correction) / (jnp.sqrt(second_moment / second_correction) + EPS)
             if decayed:
                 step = step + config.weight_decay * param.astype(jnp.float32)
             first, second = (hashed_noise(param.shape, next(seeds)) for _ in range(2))
             return (round_stochastically(param.astype(jnp.float32) - rate * step, first),
-                    round_stochastically(mu, first >> 16), round_stochastically(nu, second))
+                    round_stochastically(mu, first >> 16), nu if isinstance(nu, dict) else round_stochastically(nu, second))
 
         flat = [update(*parts) for parts in zip(leaves, treedef.flatten_up_to(grads), treedef.flatten_up_to(state["mu"]),
                                                 treedef.flatten_up_to(state["nu"]), treedef.flatten_up_to(_decayed(params)))]

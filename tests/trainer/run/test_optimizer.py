@@ -93,3 +93,34 @@ def test_float32_precision_is_optax_adamw():
         updates, state = transform.update(g, state, want)
         want = optax.apply_updates(want, updates)
     np.testing.assert_allclose(got["w"], want["w"], rtol=1e-6, atol=1e-7)
+
+
+def test_the_factored_second_moment_is_adams_where_the_squared_gradients_are_rank_one_and_keeps_a_row_and_a_column():
+    """lean-factored keeps float32 row and column means of each matrix's squared gradients (Adafactor): where
+    those are rank one (every step's gradient an outer product of the same row and column profiles) the
+    estimate is exact, so its weights move as lean's do; vectors keep lean's bfloat16 moment."""
+    rows, columns = jnp.linspace(0.5, 2.0, 64), jnp.linspace(1.0, 3.0, 48)
+    params = {"linear": jnp.ones((2, 64, 48), jnp.bfloat16), "norm": {"scale": jnp.ones((48,), jnp.bfloat16)}}
+    grads_by_step = [{"linear": jnp.broadcast_to(scale * 1e-2 * jnp.outer(rows, columns), (2, 64, 48)).astype(jnp.bfloat16),
+                      "norm": {"scale": jnp.full((48,), scale * 1e-2, jnp.bfloat16)}} for scale in (1.0, -0.5, 2.0, 0.3)]
+    # A rate at which 4 steps move each weight by many of bfloat16's spacings (2^-7 near 1), so that a wrong
+    # second moment shows beside the rounding.
+    lean, _ = _steps(optimizer_lib.build_optimizer(_config(lr=0.1, precision="lean")), params, grads_by_step)
+    factored = optimizer_lib.build_optimizer(_config(lr=0.1, precision="lean-factored"))
+    got, state = _steps(factored, params, grads_by_step)
+    assert {name: leaf.shape for name, leaf in state["nu"]["linear"].items()} == {"rows": (2, 64), "columns": (2, 48)}
+    assert state["nu"]["norm"]["scale"].dtype == jnp.bfloat16
+    for name, g, w in zip(("linear", "scale"), jax.tree.leaves(got), jax.tree.leaves(lean)):
+        moved_got, moved_want = 1 - np.asarray(g, np.float32), 1 - np.asarray(w, np.float32)
+        assert np.abs(moved_got - moved_want).max() <= 2 * 2.0**-7, name  # the same steps, up to the rounding's last bit
+
+
+def test_the_factored_second_moment_follows_the_gradients_scale_by_row_and_column():
+    """Where rows' gradients differ in size, their steps come out alike in size, as Adam's do (the point of a
+    second moment): a factored estimate that ignored the rows would let the large rows take larger steps."""
+    rows = jnp.array([1.0, 100.0])[:, None]
+    params = {"linear": jnp.zeros((2, 8), jnp.bfloat16)}
+    grads = [{"linear": (rows * jnp.ones((2, 8)) * 1e-3).astype(jnp.bfloat16)}] * 3
+    got, _ = _steps(optimizer_lib.build_optimizer(_config(precision="lean-factored", weight_decay=0.0)), params, grads)
+    small, large = np.abs(np.asarray(got["linear"], np.float32)).mean(axis=1)
+    assert large == pytest.approx(small, rel=0.05)

@@ -65,7 +65,8 @@ def advice(report: dict) -> str:
     needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
     changes = []
     if report.get("lean_fits"):
-        changes.append(f"precision lean (bfloat16 weights and AdamW state: {report['lean_compiled_bytes_per_chip'] / _GIB:.1f} GiB "
+        state = "bfloat16 weights and AdamW state" + (", the second moment factored" if report["lean_precision"] == "lean-factored" else "")
+        changes.append(f"precision {report['lean_precision']} ({state}: {report['lean_compiled_bytes_per_chip'] / _GIB:.1f} GiB "
                        "per chip, which fits; docs/fit.md has its quality figures)")
     if report["largest_batch"]:
         changes.append(f"batchSize {report['largest_batch']} or less (it fits with remat {report['largest_batch_remat']})")

@@ -116,9 +116,13 @@ def test_a_run_that_does_not_fit_gets_by_how_much_and_what_to_change():
                            "31.24 GiB (8.8 GiB over)")
     assert "batchSize 48 or less (it fits with remat full)" in line and "loraRank" in line and "larger topology" in line
     assert "batchSize" not in fit.advice({**report, "largest_batch": 0})
-    lean = fit.advice({**report, "lean_fits": True, "lean_compiled_bytes_per_chip": 24 * 2**30})
+    lean = fit.advice({**report, "lean_precision": "lean", "lean_fits": True, "lean_compiled_bytes_per_chip": 24 * 2**30})
     assert "set gemma-tpu:training precision lean (bfloat16 weights and AdamW state: 24.0 GiB per chip, which fits" in lean
-    assert "precision lean" not in fit.advice({**report, "lean_fits": False, "lean_compiled_bytes_per_chip": 40 * 2**30})
+    factored = fit.advice({**report, "lean_precision": "lean-factored", "lean_fits": True, "lean_compiled_bytes_per_chip": 24 * 2**30})
+    assert "set gemma-tpu:training precision lean-factored (bfloat16 weights and AdamW state, the second moment factored: " \
+           "24.0 GiB per chip, which fits" in factored
+    assert "precision lean" not in fit.advice({**report, "lean_precision": "lean-factored", "lean_fits": False,
+                                                "lean_compiled_bytes_per_chip": 40 * 2**30})
     assert "loraRank" not in fit.advice({**report, "lora_rank": 8})
 
 

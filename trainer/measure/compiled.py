@@ -44,6 +44,8 @@ TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
 # which a compile does not read, so that step is another program than the run's (no fingerprint).
 STEPS_WITHOUT_DATA = 1000
 _GIB = 2**30
+# What fit compiles, in this order, for a float32 full fine-tune that does not fit (--precision's leaner settings).
+LEAN_PRECISIONS = ("lean", "lean-factored")
 
 
 def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list:
@@ -186,7 +188,8 @@ class Fit:
     refused: hbm.MemoryRefusal | None
     usable_hbm: int
     largest_batch: LargestBatch | None  # None: not searched
-    lean: CompiledStep | hbm.MemoryRefusal | None = None  # a float32 full fine-tune refused: the same with --precision lean
+    # A float32 full fine-tune refused: (the precision, its step): lean, or lean-factored where lean does not fit either.
+    lean: tuple[str, CompiledStep | hbm.MemoryRefusal] | None = None
     splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
 
     def report(self) -> dict:
@@ -210,8 +213,8 @@ class Fit:
             "precision": config.precision,
         }
         if self.lean is not None:
-            result |= {"lean_fits": isinstance(self.lean, CompiledStep) and self.lean.bytes_per_chip <= self.usable_hbm,
-                       "lean_compiled_bytes_per_chip": _needed(self.lean)}
+            precision, lean = self.lean
+            result |= {"lean_precision": precision, "lean_fits": _fits(lean, self.usable_hbm), "lean_compiled_bytes_per_chip": _needed(lean)}
         if self.compiled is None:
             refused = self.refused
             return {**result, "fits": False, "compiled_bytes_per_chip": refused.required, "headroom_gib": round(
@@ -321,16 +324,20 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
         compare_splits: bool = False) -> Fit:
     """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
     `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures). A
-    full fine-tune in float32 that does not fit is compiled again with --precision lean, and the report says
-    whether that fits (`lean_fits`)."""
+    full fine-tune in float32 that does not fit is compiled again with --precision lean, and where that does
+    not fit either with lean-factored; the report says the last tried (`lean_precision`) and whether it fits
+    (`lean_fits`)."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = hbm.usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else None
     lean = None
     if not _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
-        lean = _try_compile(dataclasses.replace(config, precision="lean"), model_config, devices, num_slices,
-                            why="the run's step with --precision lean (its float32 state does not fit)")
+        for precision in LEAN_PRECISIONS:
+            lean = precision, _try_compile(dataclasses.replace(config, precision=precision), model_config, devices, num_slices,
+                                           why=f"the run's step with --precision {precision} (a larger state does not fit)")
+            if _fits(lean[1], usable):
+                break
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
               refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch, lean=lean)
     if not compare_splits:

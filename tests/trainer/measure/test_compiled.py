@@ -247,23 +247,31 @@ def test_the_largest_batch_is_at_least_the_runs_own_on_the_tiny_model(monkeypatc
 
 
 def test_a_full_fine_tune_whose_float32_state_does_not_fit_is_compiled_again_lean(monkeypatch, v6e_2x2):
-    """fit answers for the lean precision where only it fits (8 bytes a parameter instead of 16), and
-    compiles no lean step for a run that fits, a LoRA run, or one already lean."""
+    """fit answers for the lean precision where only it fits (8 bytes a parameter instead of 16), for
+    lean-factored where only that fits (6), and compiles no lean step for a run that fits, a LoRA run, or
+    one already lean."""
     compiles = []
+    usable = {"bytes": 12 * GIB}
 
     def state_bytes_compile(config, model_config, devices, *, num_slices=1):
         compiles.append(config.precision)
-        needed = int((8 if config.precision == "lean" else 16) * GIB)
-        if needed > 12 * GIB:
-            raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, 12 * GIB)
+        needed = int({"lean": 8, "lean-factored": 6}.get(config.precision, 16) * GIB)
+        if needed > usable["bytes"]:
+            raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, usable["bytes"])
         return _step_of(config.batch_size, "full", needed)
 
     monkeypatch.setattr(compiled, "compile_train_step", state_bytes_compile)
-    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: 12 * GIB)
+    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: usable["bytes"])
     config = TrainConfig(model="gemma3-1b", weights="random", batch_size=8, seq_len=1024, steps=10)
     report = compiled.fit(config, v6e_2x2, search_batch=False).report()
-    assert (report["fits"], report["lean_fits"], report["lean_compiled_bytes_per_chip"]) == (False, True, 8 * GIB)
+    assert (report["fits"], report["lean_precision"], report["lean_fits"], report["lean_compiled_bytes_per_chip"]) == (
+        False, "lean", True, 8 * GIB)
     assert compiles == ["float32", "lean"]
+    usable["bytes"], compiles[:] = 7 * GIB, []
+    report = compiled.fit(config, v6e_2x2, search_batch=False).report()
+    assert (report["lean_precision"], report["lean_fits"], report["lean_compiled_bytes_per_chip"]) == ("lean-factored", True, 6 * GIB)
+    assert compiles == ["float32", "lean", "lean-factored"]
+    usable["bytes"] = 12 * GIB
     for other in (dataclasses.replace(config, precision="lean"), dataclasses.replace(config, lora_rank=16)):
         compiles.clear()
         assert "lean_fits" not in compiled.fit(other, v6e_2x2, search_batch=False).report() and len(compiles) == 1

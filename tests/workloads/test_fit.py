@@ -160,7 +160,7 @@ def test_a_run_with_a_local_tier_reports_its_host_memory_beside_the_chips_figure
 
     monkeypatch.setattr(compiled, "fit", _Compiles())
     (with_tier,) = fit.fit_runs(edited_config("multihost", training={"localCheckpointInterval": 50}), image=IMAGE)
-    (without,) = fit.fit_runs(stack_config("multihost"), image=IMAGE)
+    (without,) = fit.fit_runs(edited_config("multihost", training={"localCheckpointInterval": None}), image=IMAGE)
     model = stack_config("multihost").runs[0].training.model
     assert with_tier.report["local_tier_bytes_per_host"] == 3 * 12 * param_count(MODELS[model]) // 2
     assert "local_tier_bytes_per_host" not in without.report

@@ -37,6 +37,10 @@ COMPUTE_DTYPES = ("auto", "bfloat16", "float32")  # auto: trainer.nn.precision's
 OPTIMIZER_STATE_DTYPES = ("float32", "bfloat16")  # AdamW's first moment (trainer.run.optimizer)
 # What the trained weights and AdamW's state are kept in between steps (trainer.run.optimizer.PRECISIONS).
 PRECISIONS = ("float32", "lean", "lean-factored")
+# The bytes a checkpoint holds for each trained parameter, by precision: its weight and AdamW's two
+# moments (not the gradients, which --precision's 16 and 8 bytes count): float32 4 + 8, lean 2 + 4,
+# lean-factored 2 + 2 (its factored second moment is a row and a column a matrix: next to nothing).
+CHECKPOINT_BYTES_PER_TRAINED_PARAMETER = {"float32": 12, "lean": 6, "lean-factored": 4}
 PRESETS = ("tiny", "tiny-chat")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
@@ -318,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--keep-checkpoints", type=_positive_int, help=f"checkpoints kept (default {d.keep_checkpoints})")
     add("--local-checkpoint-dir", type=_local_directory, help="a second, fast checkpoint tier on each host's own storage (host "
         "memory or a local disk): every process saves only the shards it holds and its data position there, in "
-        "process-<index>/<step>, keeping the last 2; a run resumes from the newer of the two tiers, the local one only at a step "
-        "every process holds (default: off)")
+        f"process-<index>/<step>, keeping the last {contract.LOCAL_CHECKPOINTS_KEPT}; a run resumes from the newer of the two tiers, "
+        "the local one only at a step every process holds (default: off)")
     add("--local-checkpoint-interval", type=_local_checkpoint_interval, help="steps between local checkpoints; auto: chosen "
         "from the first local save so that saving costs under 2%% of the step time (default auto)")
     add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")

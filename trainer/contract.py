@@ -9,6 +9,10 @@ USER_ERROR = 2
 # 75 is EX_TEMPFAIL from sysexits.h: "temporary failure, try again".
 RETRY = 75
 
+# The local checkpoint tier (trainer.run.local_checkpoints) keeps this many complete steps of each
+# process, and writes the next one before it removes the oldest: the workloads size its volume from it.
+LOCAL_CHECKPOINTS_KEPT = 2
+
 # The image's non-root user (trainer/Dockerfile takes it as a build argument from infra/cloud/image.py).
 TRAINER_UID = 1000
 # `python -m trainer.data.prepare` writes this file last inside its output and renames the output into

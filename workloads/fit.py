@@ -1,5 +1,6 @@
 """`python -m workloads fit --stack NAME [--run RUN] [--json]`: does each run fit its TPU slice, and
-what does its step cost? Answered by the TPU compiler, offline, before `pulumi up`.
+what does its step cost? Answered by the TPU compiler, offline, before `pulumi up`. A run with a local
+checkpoint tier (gemma-tpu:training.localCheckpointInterval) also gets the host memory the tier takes.
 
 Each run's trainer command line is the one its Job or JobSet carries (workloads.spec), parsed by the
 trainer's own parser; the slice (generation, topology, slices) comes from the catalog. The step that
@@ -13,6 +14,7 @@ import dataclasses
 import json
 
 from infra.config import RunConfig, StackConfig
+from infra.config.runs import local_tier_bytes_per_host
 from workloads.spec import RunSpec, run_spec
 
 _GIB = 2**30
@@ -56,6 +58,8 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
         compile_answers.say(f"run {run.name}: done")
         report = {"run": run.name, "accelerator": config.tpu.accelerator, "topology": config.tpu.topology,
                   "slices": run.slices, **report}
+        if run.training.local_checkpoint_interval is not None:  # host memory, beside the chips' figures
+            report["local_tier_bytes_per_host"] = local_tier_bytes_per_host(run.training, config.slice)
         fits.append(RunFit(run=run.name, spec=spec, report=report))
     return fits
 
@@ -82,9 +86,10 @@ _COLUMNS = (("run", "run", "{}"), ("slice", None, None), ("compiled GiB/chip", "
             ("usable GiB", "usable_hbm_bytes_per_chip", "{:.2f}"), ("headroom GiB", "headroom_gib", "{:.2f}"),
             ("largest batch", None, None), ("TFLOP/chip/step", "flops_per_chip_per_step", "{:.2f}"),
             ("GB accessed/chip", "bytes_accessed_per_chip", "{:.1f}"), ("bound ms", "step_time_bound_s", "{:.1f}"),
-            ("bound by", "bound_by", "{}"), ("MFU bound", "mfu_bound", "{:.0%}"))
+            ("bound by", "bound_by", "{}"), ("MFU bound", "mfu_bound", "{:.0%}"),
+            ("local tier GiB/host", "local_tier_bytes_per_host", "{:.1f}"))
 _SCALE = {"compiled_bytes_per_chip": _GIB, "usable_hbm_bytes_per_chip": _GIB, "flops_per_chip_per_step": 1e12,
-          "bytes_accessed_per_chip": 1e9, "step_time_bound_s": 1e-3}
+          "bytes_accessed_per_chip": 1e9, "step_time_bound_s": 1e-3, "local_tier_bytes_per_host": _GIB}
 
 
 def _composed_cell(title: str, report: dict) -> str:

@@ -48,6 +48,7 @@ from workloads.preparation import preparation_jobs
 from workloads.spec import (
     ARTIFACTS_MOUNT,
     DATA_MOUNT,
+    LOCAL_CHECKPOINT_MOUNT,
     PREPARE_DEADLINE_SECONDS,
     PROFILE_PORT,
     RETRYABLE_EXIT_CODES,
@@ -74,6 +75,10 @@ _POLL_SECONDS = 10
 
 # The image's entrypoint (trainer/Dockerfile), run once the prepared data is there.
 _TRAINER_COMMAND = ("python", "-m", "trainer")
+# With a local checkpoint tier, the trainer runs under trainer.supervise, which restarts a crashed trainer
+# inside the pod, so the restart finds the tier's volume (a restart of the pod would lose it).
+_SUPERVISED_COMMAND = ("python", "-m", "trainer.supervise", "--", *_TRAINER_COMMAND)
+_LOCAL_CHECKPOINT_VOLUME = "local-checkpoints"
 
 
 def _wait_then_train(spec: RunSpec) -> list[str]:
@@ -86,9 +91,19 @@ def _wait_then_train(spec: RunSpec) -> list[str]:
     )
     script = (
         f"timeout {PREPARE_DEADLINE_SECONDS} sh -c 'until [ -f \"$0\" ]; do sleep {_POLL_SECONDS}; done' "
-        f"{spec.prepared_marker} || {{ {give_up}; }}; exec {' '.join(_TRAINER_COMMAND)} \"$@\""
+        f"{spec.prepared_marker} || {{ {give_up}; }}; exec {' '.join(_trainer_command(spec))} \"$@\""
     )
     return ["sh", "-c", script, TRAINER_CONTAINER]
+
+
+def _trainer_command(spec: RunSpec) -> tuple[str, ...]:
+    return _TRAINER_COMMAND if spec.local_checkpoint_gib is None else _SUPERVISED_COMMAND
+
+
+def _local_checkpoint_volume(spec: RunSpec) -> dict[str, Any]:
+    """The local tier's volume: host memory (tmpfs), bounded. Its pages count against the trainer
+    container's memory limit, which infra.config.runs checks it fits in with the trainer."""
+    return {"name": _LOCAL_CHECKPOINT_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.local_checkpoint_gib}Gi"}}
 
 
 def _trainer_env(spec: RunSpec) -> list[dict[str, Any]]:
@@ -131,6 +146,14 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
     }
     if spec.profiling:
         trainer["ports"].append({"name": "profiler", "containerPort": PROFILE_PORT})
+    volumes = [
+        fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
+        fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
+        fuse_cache_volume(spec.data_cache_gib),
+    ]
+    if spec.local_checkpoint_gib is not None:
+        trainer["volumeMounts"].append({"name": _LOCAL_CHECKPOINT_VOLUME, "mountPath": LOCAL_CHECKPOINT_MOUNT})
+        volumes.append(_local_checkpoint_volume(spec))
     return {
         "metadata": pod_metadata(object_labels("train", spec.name), evictable=False),
         "spec": {
@@ -141,11 +164,7 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
             **_node_pool_affinity(spec.tpu_node_pools),
             "securityContext": pod_security(spec.trainer_uid),
             "containers": [trainer],
-            "volumes": [
-                fuse_volume("data", spec.data_bucket, uid=spec.trainer_uid, read_only=True, cache_gib=spec.data_cache_gib),
-                fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
-                fuse_cache_volume(spec.data_cache_gib),
-            ],
+            "volumes": volumes,
         },
     }
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from infra.config import RunConfig, StackConfig
+from infra.config.runs import local_tier_gib
 from infra.config.training import PreparationConfig, trainer_flags
 from infra.config.slices import trainer_memory_gib
 from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
@@ -22,6 +23,9 @@ from trainer.contract import PREPARED_MARKER_FILE, PUBLISHED_DIR, PUBLISHED_MODE
 
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
 ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles, published exports
+# The local checkpoint tier (gemma-tpu:training.localCheckpointInterval): a memory-backed volume of the pod,
+# which outlives a crash of the trainer process (trainer.supervise restarts it in the pod) but not the pod.
+LOCAL_CHECKPOINT_MOUNT = "/local-checkpoints"
 PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
 # The port GKE reads a TPU container's runtime metrics from (duty cycle, HBM use: the
 # kubernetes.io/container/accelerator/* metrics); GKE's TPU manifests declare it on the container
@@ -88,6 +92,7 @@ class RunSpec:
     data_cache_gib: int  # the file cache of the data mount in each training pod
     pod_disk_gib: int  # each training pod's ephemeral-storage request (cache volume and scratch)
     trainer_memory_gib: int | None  # the trainer container's memory request and limit; None: Autopilot's own
+    local_checkpoint_gib: int | None  # the local tier's memory-backed volume in each training pod; None: no local tier
     artifacts_bucket: str
     dataset: str  # https:// URL or gs:// path of the raw data (text, JSONL or Parquet)
     preparation_flags: tuple[str, ...]  # trainer.data.prepare's flags for how it reads the dataset
@@ -158,8 +163,9 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     key = prepared_key(run)
     tpu = replace(config.tpu, slices=run.slices)
     # Other prepared data is another run (the same key as before for the default preparation).
-    # fsdp counts only when set, so that runs of stacks that set none keep their names.
-    identity = {"training": _without_unset(asdict(training), "fsdp", "precision"), "image": image, "tpu": asdict(tpu)}
+    # fsdp, precision and the local tier count only when set, so that runs of stacks that set none keep their names.
+    identity = {"training": _without_unset(asdict(training), "fsdp", "precision", "local_checkpoint_interval"), "image": image,
+                "tpu": asdict(tpu)}
     if run.preparation != PreparationConfig():
         identity["prepared"] = key
     name = run_object_name(training.run_name, _digest(identity))
@@ -186,6 +192,7 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         data_cache_gib=config.data_cache_gib,
         pod_disk_gib=config.training_pod_disk_gib,
         trainer_memory_gib=trainer_memory_gib(config.slice, config.cluster_mode),
+        local_checkpoint_gib=None if training.local_checkpoint_interval is None else local_tier_gib(training, config.slice),
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
         preparation_flags=tuple(run.preparation.flags()),
@@ -225,6 +232,8 @@ def _trainer_args(config: StackConfig, run: RunConfig, data_dir: str, run_dir: s
     ]  # fmt: skip
     if config.serving is not None and config.serving.run == run.name and config.serving.parts != (PUBLISHED_MODEL_DIR,):
         args += ["--publish-parts", ",".join(config.serving.parts)]  # what its serving serves (lora: adapter)
+    if training.local_checkpoint_interval is not None:
+        args += ["--local-checkpoint-dir", LOCAL_CHECKPOINT_MOUNT, "--local-checkpoint-interval", training.local_checkpoint_interval]
     if training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]
     return tuple(args)

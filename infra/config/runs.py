@@ -2,6 +2,7 @@
 with its own name, priority and slices over them; and the checks every run passes, the one run of a
 stack without the list included."""
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -12,10 +13,17 @@ from infra.config.slices import TpuConfig
 from infra.config.training import PreparationConfig, TrainingConfig, parse_preparation, parse_training
 from infra.errors import ConfigError
 from infra.catalog.tpu import SliceSpec
+from trainer import config as trainer_config
+from trainer.contract import LOCAL_CHECKPOINTS_KEPT
+from trainer.measure import flops
 
 # Run priorities (gemma-tpu:runs[].priority): each is a Kueue WorkloadPriorityClass of this value.
 # A higher one is admitted first and may preempt a lower one (which resumes from its checkpoint).
 PRIORITIES = {"high": 1000, "normal": 100, "low": 10}
+# The local checkpoint tier's volume beyond its steps' shards: each step's data position and meta.json
+# (kilobytes), and the rounding up to whole GiB.
+LOCAL_TIER_MARGIN_GIB = 1
+_GIB = 2**30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +96,44 @@ def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spe
         raise ConfigError(
             f"{section.key('fsdp')} is {run.training.fsdp}; it must divide the {slice_spec.chips} chips of a "
             f"{slice_spec.topology} slice ({divisors}); `python -m workloads fit --stack NAME --splits` compares them"
+        )
+    if run.training.local_checkpoint_interval is not None:
+        _check_local_tier(section, run.training, slice_spec)
+
+
+def local_tier_share_bytes(training: TrainingConfig, slice_spec: SliceSpec) -> int:
+    """One host's share of a saved step of the train state: the trained parameters' weights and AdamW
+    moments (trainer.config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER), of which a full fine-tune's host
+    holds its chips' part of the FSDP group (all of it when the group fits in a host); LoRA's adapters
+    are whole on every chip (trainer.measure.memory)."""
+    trained = flops.trained_param_count(trainer_config.GEMMA3_MODELS[training.model], training.lora_rank)
+    state = trained * trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER[training.precision or trainer_config.TrainConfig().precision]
+    return state if training.lora_rank else math.ceil(state * min(1, slice_spec.chips_per_host / (training.fsdp or slice_spec.chips)))
+
+
+def local_tier_bytes_per_host(training: TrainingConfig, slice_spec: SliceSpec) -> int:
+    """What the local tier holds at most on each host: the steps it keeps and the one it writes before
+    removing the oldest."""
+    return (LOCAL_CHECKPOINTS_KEPT + 1) * local_tier_share_bytes(training, slice_spec)
+
+
+def local_tier_gib(training: TrainingConfig, slice_spec: SliceSpec) -> int:
+    """The size of each training pod's memory-backed volume for the local tier."""
+    return math.ceil(local_tier_bytes_per_host(training, slice_spec) / _GIB) + LOCAL_TIER_MARGIN_GIB
+
+
+def _check_local_tier(section: Section, training: TrainingConfig, slice_spec: SliceSpec) -> None:
+    """The tier's volume is host memory inside the trainer container's bound, and the trainer holds one
+    more share while a save is written: both must fit in it, or the kernel OOM-kills the trainer."""
+    share = local_tier_share_bytes(training, slice_spec) / _GIB
+    needed, host = local_tier_gib(training, slice_spec) + share, slice_spec.trainer_memory_gib
+    if needed > host:
+        precision = training.precision or trainer_config.TrainConfig().precision
+        raise ConfigError(
+            f"{section.key('localCheckpointInterval')}: the local checkpoint tier needs {needed:.1f} GiB of host memory on each "
+            f"{slice_spec.machine_type} host ({LOCAL_CHECKPOINTS_KEPT + 1} copies of its {share:.1f} GiB share of the {training.model} "
+            f"{precision} state, {LOCAL_TIER_MARGIN_GIB} GiB margin, and the copy a save writes from), over the {host} GiB the "
+            "trainer has there; set precision: lean or loraRank, or remove localCheckpointInterval (the persistent tier alone)"
         )
 
 

@@ -89,6 +89,7 @@ class TrainingConfig:
     run_name: str
     fsdp: int | None = None  # the FSDP group inside a slice; None: all its chips (`python -m workloads fit --splits` compares)
     precision: str | None = None  # --precision; None: the trainer's default (float32)
+    local_checkpoint_interval: str | None = None  # --local-checkpoint-interval (auto or steps); None: no local tier
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +136,22 @@ def parse_training(section: Section, *, name_key: str = "runName") -> TrainingCo
         profiling=section.flag("profiling", False),
         run_name=section.text(name_key, "gemma-finetune"),
         fsdp=section.integer("fsdp", None, minimum=1),
+        local_checkpoint_interval=_local_checkpoint_interval(section),
     )
+
+
+def _local_checkpoint_interval(section: Section) -> str | None:
+    """gemma-tpu:training.localCheckpointInterval, as the trainer's --local-checkpoint-interval takes it.
+    Not a TrainerOption: unset means no local tier at all (no --local-checkpoint-dir, no volume), where
+    the trainer's own default for the flag is auto, which a stack sets by writing it."""
+    value = section.raw("localCheckpointInterval")
+    auto = trainer_config.TrainConfig().local_checkpoint_interval
+    if value is None or value == auto:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{section.key('localCheckpointInterval')} is {value!r}; give {auto} or a number of steps (1 or more), "
+                          "or remove the key for no local checkpoint tier")
+    return str(value)
 
 
 def parse_preparation(section: Section) -> PreparationConfig:

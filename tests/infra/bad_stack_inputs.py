@@ -222,6 +222,16 @@ CASES = (
     BadStack(case="an FSDP group that does not divide a slice", config={"gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": {"fsdp": 3}},
              error="gemma-tpu:training.fsdp is 3; it must divide the 8 chips of a 2x4 slice (1, 2, 4, 8); "
                    "`python -m workloads fit --stack NAME --splits` compares them"),
+    BadStack(case="a local checkpoint interval that is not steps", config={"gemma-tpu:training": {"localCheckpointInterval": 0}},
+             error="gemma-tpu:training.localCheckpointInterval is 0; give auto or a number of steps (1 or more), or remove the key "
+                   "for no local checkpoint tier"),
+    BadStack(case="a local checkpoint tier larger than the host's memory",
+             config={"gemma-tpu:tpu": {"accelerator": "v5e", "topology": "2x4"},
+                     "gemma-tpu:training": {"model": "gemma3-12b", "batchSize": 8, "localCheckpointInterval": "auto"}},
+             error="gemma-tpu:training.localCheckpointInterval: the local checkpoint tier needs 264.7 GiB of host memory on each "
+                   "ct5lp-hightpu-4t host (3 copies of its 65.7 GiB share of the gemma3-12b float32 state, 1 GiB margin, and the "
+                   "copy a save writes from), over the 160 GiB the trainer has there; set precision: lean or loraRank, or remove "
+                   "localCheckpointInterval (the persistent tier alone)"),
     BadStack(case="run name not a DNS label", config={"gemma-tpu:training": {"runName": "Run_1"}},
              error="gemma-tpu:training.runName 'Run_1' must be at most 54 characters of a-z, 0-9 and '-', starting with a letter"),
     BadStack(case="run name too long for the Job's pod label", config={"gemma-tpu:training": {"runName": "r" * 55}},

@@ -153,3 +153,21 @@ def test_the_table_names_the_largest_batchs_remat_policy():
     column = lines[0].index("largest batch")
     assert lines[1][column:].startswith("16 (remat none)")
     assert lines[2][column:].startswith("- ")
+
+
+def test_a_run_with_a_local_tier_reports_its_host_memory_beside_the_chips_figures(monkeypatch):
+    """gemma-tpu:training.localCheckpointInterval: fit's report and table give the tier's bytes on each host
+    (3 steps of the host's share: gemma3-270m float32 on the 2 hosts of a 2x4, 12 bytes x 268.1M / 2); a run
+    without it has a dash there and no such key."""
+    from trainer.gemma3.config import MODELS
+    from trainer.measure.flops import param_count
+
+    monkeypatch.setattr(compiled, "fit", _Compiles())
+    (with_tier,) = fit.fit_runs(edited_config("multihost", training={"localCheckpointInterval": 50}), image=IMAGE)
+    (without,) = fit.fit_runs(edited_config("multihost", training={"localCheckpointInterval": None}), image=IMAGE)
+    model = stack_config("multihost").runs[0].training.model
+    assert with_tier.report["local_tier_bytes_per_host"] == 3 * 12 * param_count(MODELS[model]) // 2
+    assert "local_tier_bytes_per_host" not in without.report
+    lines = fit.table([_fitting_report(**with_tier.report), _fitting_report(run="plain")]).splitlines()
+    column = lines[0].index("local tier GiB/host")
+    assert lines[1][column:] == f"{with_tier.report['local_tier_bytes_per_host'] / 2**30:.1f}" and lines[2][column:] == "-"

@@ -2,6 +2,7 @@
 land, what happens when a pod fails, that data comes first, and what the trainer is told."""
 
 import json
+import math
 import re
 
 import pytest
@@ -164,9 +165,10 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
     wait = container(pod, "trainer")["command"]
     assert PREPARED_MARKER_FILE == prepare.META_FILE  # the file trainer.data.prepare renames into place
     assert wait[:2] == ["sh", "-c"] and f"{output}/{prepare.META_FILE}" in wait[2]  # it polls exactly that file
-    # ... then runs the image's entrypoint with the container's args.
+    # ... then runs the image's entrypoint with the container's args (under trainer.supervise with a local tier).
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.*)$", (REPO / "trainer" / "Dockerfile").read_text(), re.M).group(1))
-    assert wait[2].endswith(f'exec {" ".join(entrypoint)} "$@"')
+    supervised = "python -m trainer.supervise -- " if spec.local_checkpoint_gib is not None else ""
+    assert wait[2].endswith(f'exec {supervised}{" ".join(entrypoint)} "$@"')
     trainer_args = container(pod, "trainer")["args"]
     assert trainer_args[trainer_args.index("--data") + 1] == output
     # Both see the same bucket at the same path.
@@ -370,3 +372,32 @@ def test_the_preparation_reads_the_dataset_as_the_stack_says_and_keeps_each_read
     same_data = spec_of(edited_config("multihost", training={"dataset": chat["dataset"]}))
     masked_all = spec_of(edited_config("multihost", training={"dataset": chat["dataset"], "lossOn": "all"}))
     assert same_data.prepared_dir != masked_all.prepared_dir and same_data.name != masked_all.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_local_tier_is_a_bounded_memory_volume_of_a_supervised_trainer(stack):
+    from trainer.measure import flops
+    from trainer.gemma3.config import MODELS
+
+    config = edited_config(stack, training={"localCheckpointInterval": "auto"})
+    spec, unset = spec_of(config), spec_of(edited_config(stack, training={"localCheckpointInterval": None}))
+    pod = training_pod(manifests.training(spec))
+    trainer = container(pod, "trainer")
+    # Three steps (2 kept, 1 being written) of this host's share: float32 weights and AdamW moments, 12
+    # bytes a trained parameter, a full fine-tune's split over the slice's hosts, LoRA's adapters whole
+    # on each; then 1 GiB of margin.
+    training, model = config.runs[0].training, MODELS[config.runs[0].training.model]
+    rank = training.lora_rank
+    share = 12 * (flops.lora_param_count(model, rank) if rank else flops.param_count(model) / config.slice.hosts)
+    volume = {"name": "local-checkpoints", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(3 * share / 2**30) + 1}Gi"}}
+    assert volume in pod["spec"]["volumes"]
+    assert {"name": "local-checkpoints", "mountPath": "/local-checkpoints"} in trainer["volumeMounts"]
+    parsed = parse_config(trainer["args"])
+    assert (parsed.local_checkpoint_dir, parsed.local_checkpoint_interval) == ("/local-checkpoints", "auto")
+    assert trainer["command"][2].endswith('exec python -m trainer.supervise -- python -m trainer "$@"')
+    # The tier lives inside the trainer's memory bound, which stays the host's (infra.config.runs checks it fits).
+    assert trainer["resources"] == container(training_pod(manifests.training(unset)), "trainer")["resources"]
+    # Unset: no volume, no flag, no supervisor, and the run keeps its name; set, it is another run.
+    plain = container(training_pod(manifests.training(unset)), "trainer")
+    assert "--local-checkpoint-dir" not in plain["args"] and "trainer.supervise" not in plain["command"][2]
+    assert unset.name != spec.name

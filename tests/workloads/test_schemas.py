@@ -55,10 +55,10 @@ def test_every_object_of_every_stack_validates_strictly(stack, request):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_optional_parts_validate_too(stack, request):
-    """Profiling (a port), Spot (a selector) and a gs:// dataset in another bucket (one more volume)."""
-    config = edited_config(
-        stack, tpu={"capacity": "spot"}, training={"profiling": True, "dataset": "gs://corpora/tiny/train.txt"}
-    )
+    """Profiling (a port), Spot (a selector), a gs:// dataset in another bucket (one more volume) and the
+    local checkpoint tier (a memory volume)."""
+    config = edited_config(stack, tpu={"capacity": "spot"}, training={
+        "profiling": True, "dataset": "gs://corpora/tiny/train.txt", "localCheckpointInterval": "auto"})
     for obj in sorted(stack_objects(config), key=_is_kueue):
         validate(obj, request)
 

@@ -204,7 +204,7 @@ class Fit:
         config, model_config, searched = self.config, self.model_config, self.largest_batch
         tokens = config.batch_size * config.seq_len
         params = flops.param_count(model_config)
-        trained = flops.lora_param_count(model_config, config.lora_rank) if config.lora_rank else params
+        trained = flops.trained_param_count(model_config, config.lora_rank)
         result = {
             "model": config.model, "lora_rank": config.lora_rank, "batch_size": config.batch_size, "seq_len": config.seq_len,
             "mesh": dict(config.mesh), "params": params, "trained_params": trained, "tokens_per_step": tokens,

@@ -44,6 +44,11 @@ def lora_param_count(config, rank: int) -> int:
     return config.num_layers * rank * (query_key_value + output + feed_forward)
 
 
+def trained_param_count(config, lora_rank: int) -> int:
+    """The parameters a run trains: LoRA's adapters of `lora_rank`, or all of them (0: full fine-tune)."""
+    return lora_param_count(config, lora_rank) if lora_rank else param_count(config)
+
+
 def attention_context(attention_type, seq_len: int, sliding_window_size: int | None) -> float:
     """Mean number of keys a query attends to under the causal mask (and the sliding window)."""
     window = seq_len

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from trainer import contract
 from trainer.errors import UserError
 from trainer.run import checkpoint
 
@@ -58,7 +59,7 @@ SHARDS, DATA, META = "shards.bin", "data.json", "meta.json"
 FORMAT = 1
 TEMPORARY_PREFIX = ".partial-"
 QUARANTINE_DIR = "quarantine"
-KEEP = 2
+KEEP = contract.LOCAL_CHECKPOINTS_KEPT
 # How many of its newest steps each process offers when the job agrees on one to restore.
 OFFERED_STEPS = 8
 # --local-checkpoint-interval auto: the share of the step time saving may cost, and the steps timed

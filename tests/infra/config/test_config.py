@@ -118,3 +118,33 @@ def test_training_defaults_are_the_trainers_and_the_pods_get_only_what_the_stack
         for option in TRAINER_OPTIONS:
             if option.key != "epochs" or config.steps is None:
                 assert getattr(parsed, option.option) == stated(config, option), option.key
+
+
+def test_the_local_checkpoint_tier_is_off_unless_its_interval_is_set():
+    interval = lambda value: parse(training={"localCheckpointInterval": value}).runs[0].training.local_checkpoint_interval  # noqa: E731
+    assert parse().runs[0].training.local_checkpoint_interval is None
+    assert (interval("auto"), interval(25)) == ("auto", "25")  # as the trainer's --local-checkpoint-interval takes it
+    for bad in (0, -3, "often", True, 2.5):
+        with pytest.raises(ConfigError, match=r"^gemma-tpu:training.localCheckpointInterval is .*; give auto or a number of steps "
+                                              r"\(1 or more\), or remove the key for no local checkpoint tier$"):
+            interval(bad)
+
+
+def test_a_local_tier_that_does_not_fit_the_hosts_memory_is_refused_with_its_figures():
+    v5e = {"accelerator": "v5e", "topology": "2x4"}
+    # gemma3-12b float32 on 2 ct5lp-hightpu-4t hosts: 12 bytes x 11.77e9 / 2 = 65.7 GiB a host, 3 copies and 1 GiB
+    # of volume plus the save's copy: 264.7 GiB over the trainer's 160.
+    with pytest.raises(ConfigError, match=r"^gemma-tpu:training.localCheckpointInterval: the local checkpoint tier needs 264.7 GiB "
+                                          r"of host memory on each ct5lp-hightpu-4t host \(3 copies of its 65.7 GiB share of the "
+                                          r"gemma3-12b float32 state, 1 GiB margin, and the copy a save writes from\), over the 160 "
+                                          r"GiB the trainer has there; set precision: lean or loraRank, or remove localCheckpointInterval"):
+        parse(tpu=v5e, training={"model": "gemma3-12b", "batchSize": 8, "localCheckpointInterval": "auto"})
+    from infra.config.runs import local_tier_share_bytes
+    from trainer.gemma3.config import MODELS
+    from trainer.measure.flops import lora_param_count
+
+    for fix in ({"precision": "lean"}, {"loraRank": 16}):
+        config = parse(tpu=v5e, training={"model": "gemma3-12b", "batchSize": 8, "localCheckpointInterval": "auto", **fix})
+    # LoRA's adapters are whole on every host: the share is all of them.
+    assert local_tier_share_bytes(config.runs[0].training, config.slice) == 12 * lora_param_count(MODELS["gemma3-12b"], 16)
+    parse(tpu=v5e, training={"model": "gemma3-12b", "batchSize": 8})  # no tier, nothing to fit

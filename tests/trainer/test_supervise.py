@@ -1,0 +1,85 @@
+"""trainer.supervise with real processes: a small Python child that counts its starts in a file and
+ends as each test asks (no JAX: the supervisor's logic is the child's exit, whatever the child)."""
+
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainer import contract
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# argv: the start counter file, then what each start does, in order (the last one repeats):
+# "kill9" (SIGKILL itself), "exit:N", or "wait:N" (write ready, then on SIGTERM exit N).
+CHILD = """
+import os, pathlib, signal, sys, time
+counter = pathlib.Path(sys.argv[1])
+start = int(counter.read_text()) + 1 if counter.exists() else 1
+counter.write_text(str(start))
+plan = sys.argv[2:]
+action = plan[min(start, len(plan)) - 1]
+if action == "kill9":
+    os.kill(os.getpid(), signal.SIGKILL)
+if action.startswith("exit:"):
+    sys.exit(int(action[5:]))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(action[5:])))
+(counter.parent / "ready").write_text("")
+time.sleep(60)
+"""
+
+
+def _supervise(tmp_path, *plan, restarts=3) -> subprocess.Popen:
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    command = [sys.executable, "-m", "trainer.supervise", "--restarts", str(restarts), "--pause", "0", "--",
+               sys.executable, str(child), str(tmp_path / "starts"), *plan]
+    return subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+
+
+def _starts(tmp_path) -> int:
+    return int((tmp_path / "starts").read_text())
+
+
+def test_a_child_killed_by_sigkill_is_restarted_in_place(tmp_path):
+    supervisor = _supervise(tmp_path, "kill9", "exit:0")
+    _, stderr = supervisor.communicate(timeout=30)
+    assert supervisor.returncode == contract.OK and _starts(tmp_path) == 2
+    assert "the trainer was killed by SIGKILL; restarting it in this pod, attempt 1 of 3" in stderr
+
+
+def test_a_crash_code_is_restarted_too(tmp_path):
+    supervisor = _supervise(tmp_path, "exit:1", "exit:0")
+    _, stderr = supervisor.communicate(timeout=30)
+    assert supervisor.returncode == contract.OK and _starts(tmp_path) == 2
+    assert "exited with code 1; restarting it in this pod, attempt 1 of 3" in stderr
+
+
+@pytest.mark.parametrize("code", [contract.USER_ERROR, contract.RETRY])
+def test_a_user_error_or_a_retry_is_not_restarted_and_its_code_is_the_supervisors(tmp_path, code):
+    supervisor = _supervise(tmp_path, f"exit:{code}", "exit:0")
+    _, stderr = supervisor.communicate(timeout=30)
+    assert supervisor.returncode == code and _starts(tmp_path) == 1 and "restarting" not in stderr
+
+
+# RETRY: the trainer saved on the notice; 1: it failed on its way out, which is not restarted either.
+@pytest.mark.parametrize("code", [contract.RETRY, 1])
+def test_sigterm_is_forwarded_and_nothing_is_restarted(tmp_path, code):
+    supervisor = _supervise(tmp_path, f"wait:{code}", "exit:0")
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and supervisor.poll() is None, "the child never started"
+        time.sleep(0.05)
+    supervisor.send_signal(signal.SIGTERM)
+    _, stderr = supervisor.communicate(timeout=30)
+    # The child's handler ran (its code, not 128+15 for a child the signal killed), and it was not started again.
+    assert supervisor.returncode == code and _starts(tmp_path) == 1 and "restarting" not in stderr
+
+
+def test_after_n_restarts_the_childs_code_is_the_supervisors(tmp_path):
+    supervisor = _supervise(tmp_path, "kill9", restarts=2)
+    _, stderr = supervisor.communicate(timeout=30)
+    assert supervisor.returncode == 128 + signal.SIGKILL and _starts(tmp_path) == 3
+    assert [line.split("attempt ")[1] for line in stderr.splitlines() if "restarting" in line] == ["1 of 2", "2 of 2"]

@@ -70,7 +70,8 @@ COMMON = {
     "kubernetes:yaml/v2:ConfigFile": 1,  # JobSet
     "docker-build:index:Image": 1,  # the trainer image
     "gemma-tpu:infra:Monitoring": 1,
-    "gcp:logging/metric:Metric": 4,  # loss, tokens/s, step time, the training object's events
+    # loss, tokens/s, step time, goodput and its 9 badput categories (trainer.contract), the training object's events
+    "gcp:logging/metric:Metric": 14,
     "gcp:monitoring/dashboard:Dashboard": 1,
     "gcp:monitoring/alertPolicy:AlertPolicy": 4,  # failed, restarts, low utilization, idle TPU nodes
 }

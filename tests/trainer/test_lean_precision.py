@@ -53,7 +53,7 @@ def _demo_run(workdir, prepared_dir, tokenizer_path, *extra):
 
 def test_the_lean_demo_runs_end_within_1_percent_of_float32s_loss(tmp_path, prepared_dir, tokenizer_path, capsys):
     """The demo's run (`--preset tiny`: 150 steps) on the test corpus, float32, lean and lean-factored from the same
-    weights and batches: the held-out loss at step 150 within 1%; the figures are printed (BENCHMARKS.md has the
+    weights and batches: the held-out loss at step 150 no more than 1% above float32's; the figures are printed (BENCHMARKS.md has the
     demo's own)."""
     steps = PRESET_VALUES["tiny"]["steps"]
     float32 = _demo_run(tmp_path / "float32", prepared_dir, tokenizer_path)
@@ -63,5 +63,5 @@ def test_the_lean_demo_runs_end_within_1_percent_of_float32s_loss(tmp_path, prep
             print(f"\n  demo run, step {steps}: eval loss float32 {float32[steps]['eval_loss']:.4f}, {precision} "
                   f"{lean[steps]['eval_loss']:.4f}; train loss float32 {float32[steps]['loss']:.4f}, {precision} {lean[steps]['loss']:.4f}")
         assert lean[1]["loss"] == pytest.approx(float32[1]["loss"], rel=1e-3), precision  # the same start
-        assert lean[steps]["eval_loss"] == pytest.approx(float32[steps]["eval_loss"], rel=0.01), precision
+        assert lean[steps]["eval_loss"] <= 1.01 * float32[steps]["eval_loss"], precision  # no more than 1% worse
         assert lean[steps]["eval_loss"] < 0.5 * lean[1]["loss"], precision  # and it learned

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from trainer.model import models
 from trainer.nn import layers, precision
 from trainer.run import hbm, mesh, step, tpu_flags, vocab_chunk
-from trainer.config import TrainConfig
+from trainer.config import CHECKPOINT_BYTES_PER_TRAINED_PARAMETER, TrainConfig
 from trainer.errors import UserError
 from trainer.run import compile_answers
 from trainer.measure import collectives, flops, hbm_traffic, windowed_loops
@@ -334,6 +334,8 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     lean = None
     if not _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
         for precision in LEAN_PRECISIONS:
+            if _needed(first) - _lean_savings(model_config, precision) > usable:
+                continue  # the bytes it saves, even unsharded, are fewer than the step is over: not worth a compile
             lean = precision, _try_compile(dataclasses.replace(config, precision=precision), model_config, devices, num_slices,
                                            why=f"the run's step with --precision {precision} (a larger state does not fit)")
             if _fits(lean[1], usable):
@@ -345,6 +347,14 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)
               for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
     return dataclasses.replace(own, splits=(own, *others))
+
+
+def _lean_savings(model_config, lean_precision: str) -> int:
+    """The most bytes a chip can save by `lean_precision` over float32's state: every parameter's weight and
+    AdamW moments (trainer.config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER) and its gradient (4 bytes -> 2), none
+    of it sharded."""
+    saved = CHECKPOINT_BYTES_PER_TRAINED_PARAMETER["float32"] - CHECKPOINT_BYTES_PER_TRAINED_PARAMETER[lean_precision] + 2
+    return flops.param_count(model_config) * saved
 
 
 def _mesh_name(sizes: dict[str, int]) -> str:

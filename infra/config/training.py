@@ -62,7 +62,8 @@ TRAINER_OPTIONS = (
     # Added after the runs' identities were fixed: at its default it leaves a run's name (and pods) as they were.
     TrainerOption(key="precision", field="precision", option="precision", kind="text", choices=trainer_config.PRECISIONS,
                   unset_when_default=True, what="float32, or lean: bfloat16 weights and AdamW state, 8 bytes a trained "
-                  "parameter instead of 16, updates rounded stochastically (`fit` says when only lean fits)"),
+                  "parameter instead of 16, updates rounded stochastically; or lean-factored: lean with each matrix's second "
+                  "moment as row and column means, about 6 (`fit` says when only a lean one fits)"),
 )  # fmt: skip
 
 

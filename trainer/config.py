@@ -152,22 +152,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def vocab_chunk_option(text: str) -> str:
-    if text in ("auto", "none"):
-        return text
-    try:
-        return str(_positive_int(text))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto, none or a positive number of vocabulary rows, got {text!r}") from None
+def _word_or_positive_int(*words: str, counting: str):
+    """An argparse type taking one of `words`, or a positive number of `counting`, as text."""
+    def parse(text: str) -> str:
+        if text in words:
+            return text
+        try:
+            return str(_positive_int(text))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {', '.join(words)} or a positive number of {counting}, got {text!r}") from None
+    return parse
 
 
-def _local_checkpoint_interval(text: str) -> str:
-    if text == "auto":
-        return text
-    try:
-        return str(_positive_int(text))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected auto or a positive number of steps, got {text!r}") from None
+vocab_chunk_option = _word_or_positive_int("auto", "none", counting="vocabulary rows")
+_local_checkpoint_interval = _word_or_positive_int("auto", counting="steps")
 
 
 def _local_directory(text: str) -> str:

@@ -53,7 +53,7 @@ def _of_another_run(error: Exception | None) -> bool:
     return isinstance(error, ValueError) and "tree structures do not match" in str(error)
 
 
-def _everywhere(ok: bool) -> bool:
+def everywhere(ok: bool) -> bool:
     """Whether `ok` holds in every process of the job."""
     if jax.process_count() == 1:
         return ok
@@ -134,7 +134,7 @@ class Checkpointer:
                 restored, error = self._manager.restore(step, args=args), None
             except _UNREADABLE as failed:
                 restored, error = None, failed
-            if _everywhere(error is None):
+            if everywhere(error is None):
                 return restored
             if delay is None or _of_another_run(error):
                 raise error or OSError(f"step {step} did not read in another process")

@@ -53,6 +53,7 @@ from jax.experimental import multihost_utils
 
 from trainer import contract
 from trainer.errors import UserError
+from trainer.storage_failures import first_line
 from trainer.run import checkpoint
 
 SHARDS, DATA, META = "shards.bin", "data.json", "meta.json"
@@ -133,7 +134,7 @@ class LocalCheckpoints:
             except (OSError, ValueError, KeyError, TypeError) as error:
                 place = self._quarantine(int(entry.name), "unreadable-meta")
                 self._warn(f"--local-checkpoint-dir {self.directory}: step {entry.name} of process {jax.process_index()} "
-                           f"is not complete ({checkpoint._first_line(error)}); moved it to {place}")
+                           f"is not complete ({first_line(error)}); moved it to {place}")
                 continue
             (steps if identity == self.identity else others).append(int(entry.name))
         if others:
@@ -250,7 +251,7 @@ class LocalCheckpoints:
             os.rename(temporary, final)
         except Exception as error:  # noqa: BLE001 (a full disk, or anything else: the run goes on without this step)
             shutil.rmtree(temporary, ignore_errors=True)
-            self._warn(f"--local-checkpoint-dir {self.directory}: saving step {step} failed ({checkpoint._first_line(error)}); "
+            self._warn(f"--local-checkpoint-dir {self.directory}: saving step {step} failed ({first_line(error)}); "
                        "the persistent tier is unaffected")
             return
         self._steps = sorted({*self._steps, step})
@@ -309,7 +310,7 @@ class LocalCheckpoints:
                 (state, data_state), error = self.read(step, abstract_state), None
             except (ValueError, KeyError, TypeError, OSError) as failed:
                 error = failed
-            if checkpoint._everywhere(error is None):
+            if checkpoint.everywhere(error is None):
                 data_iterator.set_state(data_state)
                 getattr(data_iterator, "start_prefetch", lambda: None)()
                 jax.block_until_ready(state)
@@ -319,7 +320,7 @@ class LocalCheckpoints:
                 reason = type(error).__name__
                 place = self._quarantine(step, reason)
                 self._warn(f"--local-checkpoint-dir {self.directory}: cannot restore step {step} of process "
-                           f"{jax.process_index()} ({reason}: {checkpoint._first_line(error)}); moved it to {place}")
+                           f"{jax.process_index()} ({reason}: {first_line(error)}); moved it to {place}")
             # else: it read here but not in another process; it stays, no longer a candidate.
         return None
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from trainer.model import models
 from trainer.nn import layers, precision
-from trainer.run import hbm, mesh, step, tpu_flags, vocab_chunk
+from trainer.run import hbm, mesh, step, vocab_chunk
 from trainer.config import CHECKPOINT_BYTES_PER_TRAINED_PARAMETER, TrainConfig
 from trainer.errors import UserError
 from trainer.run import compile_answers
@@ -59,8 +59,6 @@ def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     # A TPU VM's chips belong to one process at a time (libtpu's lockfile); compiling uses none of them.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # The XLA flags the pods run with (an explicit LIBTPU_INIT_ARGS wins); libtpu reads them once a process.
-    os.environ.setdefault("LIBTPU_INIT_ARGS", tpu_flags.libtpu_init_args(accelerator))
     from jax.experimental import topologies
 
     try:

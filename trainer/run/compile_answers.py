@@ -6,8 +6,12 @@ progress on stderr and kept on disk, so that a second `fit` of an unchanged run 
 JAX's own persistent compilation cache cannot serve here: it stores executables, and one compiled for
 a topology (no TPU attached) is written but cannot be read back ("PjRtCompiler must be constructed
 with a Client to call DeserializeLoadedExecutable", docs/fit.md). The answers are keyed by what makes
-the compiler answer differently: the lowered program's text, jaxlib and libtpu versions, XLA_FLAGS and
-LIBTPU_INIT_ARGS, and the devices (kind, ids, coordinates, slices).
+the compiler answer differently: the lowered program's text, jaxlib and libtpu versions, XLA_FLAGS,
+LIBTPU_INIT_ARGS and the compile's options, and the devices (kind, ids, coordinates, slices).
+
+A TPU compile takes its generation's XLA flags (trainer.run.tpu_flags) as compile options unless
+LIBTPU_INIT_ARGS is set (the pods set it; a user's own wins): libtpu reads that variable once a process,
+and `fit` compiles for more than one generation in one (v5e's continuation fusion makes a v6e compile fail).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from typing import TextIO
 
 import jax
 
+from trainer.run import hardware, tpu_flags
+
+_ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
 
 def default_cache_dir() -> pathlib.Path:
     """$XDG_CACHE_HOME/gemma-tpu/compiles, else ~/.cache/gemma-tpu/compiles."""
@@ -114,10 +121,19 @@ def _version(package: str) -> str:
         return "none"
 
 
-def cache_key(lowered, devices) -> str:
+def compile_options(devices: list) -> dict[str, str]:
+    """The XLA flags of the devices' TPU generation, where LIBTPU_INIT_ARGS does not set them (see the module docstring)."""
+    accelerator = _ACCELERATOR_OF_DEVICE_KIND.get(devices[0].device_kind)
+    if accelerator is None or "LIBTPU_INIT_ARGS" in os.environ:
+        return {}
+    return tpu_flags.compile_options(accelerator)
+
+
+def cache_key(lowered, devices: list) -> str:
     """What makes the compiler answer differently: the program, the compiler's versions and flags, the devices."""
     digest = hashlib.sha256(lowered.as_text().encode())
-    for part in (_version("jaxlib"), _version("libtpu"), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")):
+    for part in (_version("jaxlib"), _version("libtpu"), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
+                 json.dumps(compile_options(devices), sort_keys=True)):
         digest.update(b"\0" + part.encode())
     for device in devices:
         facts = (device.id, device.device_kind, getattr(device, "coords", None), getattr(device, "slice_index", None))
@@ -144,8 +160,10 @@ def _write(path: pathlib.Path, entry: dict) -> None:
 def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the trainer goes through this one)
     """`lowered` compiled for `devices`. Outside a session: the executable. Inside: its Answers, from
     the cache when the same program was compiled before; a memory refusal is answered (raised) alike."""
+    devices = list(devices)
+    options = compile_options(devices)
     if _session is None:
-        return lowered.compile()
+        return lowered.compile(options)
     current, path = _session, None
     label = ": ".join([*current.doing, what])
     if current.cache_dir is not None:
@@ -158,7 +176,7 @@ def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the
     current.compiles += 1
     say(f"{label}: compiling (compile {current.compiles})")
     try:
-        entry = _answers_of(lowered.compile())
+        entry = _answers_of(lowered.compile(options))
     except jax.errors.JaxRuntimeError as error:
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise

@@ -1,6 +1,6 @@
 """libtpu's XLA flags for the training step, per TPU generation: passed to the TPU pods as
-LIBTPU_INIT_ARGS (workloads.spec) and set for the compile on a host without a TPU
-(trainer.measure.compiled.tpu_devices), so that `fit` compiles the program the pods run.
+LIBTPU_INIT_ARGS (workloads.spec), and to every compile of the trainer as compile options where that is
+unset (trainer.run.compile_answers), so that `fit` compiles the program the pods run.
 
 The flags are those MaxText's published TPU configs use (its benchmarks/xla_flags_library.py and
 configs/v5e), kept where the installed libtpu (0.0.50.1, the image's too) accepts them:
@@ -40,3 +40,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
 def libtpu_init_args(accelerator: str) -> str:
     """LIBTPU_INIT_ARGS for a slice of `accelerator` ("v6e", "v5e", "v5p")."""
     return " ".join(FLAGS[accelerator])
+
+
+def compile_options(accelerator: str) -> dict[str, str]:
+    """The same flags as a compile's options (name: value)."""
+    return dict(flag.removeprefix("--").split("=", 1) for flag in FLAGS[accelerator])

@@ -58,7 +58,7 @@ $(HF_STAMP): requirements-hf.lock
 	touch $@
 
 test: $(STAMP) $(POLICY_STAMP) $(HF_STAMP)
-	HF_PYTHON=$(HF_VENV)/bin/python $(PY) -m pytest -q
+	HF_PYTHON=$(HF_VENV)/bin/python $(PY) -m pytest -q -n logical --maxprocesses 4 --dist loadfile
 	MAIN_PYTHON=$(PY) $(POLICY_VENV)/bin/python -m pytest -q policy/tests
 
 demo: $(STAMP)

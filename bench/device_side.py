@@ -36,13 +36,13 @@ from trainer.measure import flops, step_profile
 
 LORA_RANK = 16  # ours when neither full fine-tune fits the chip
 # What ours trains, by --training: (precision, LoRA rank). auto takes the first the compiler fits at some batch.
-TRAININGS = {"full": ("float32", 0), "lean": ("lean", 0), "lora": ("float32", LORA_RANK)}
-AUTO = ("full", "lean", "lora")
+TRAININGS = {"full": ("float32", 0), "lean": ("lean", 0), "lean-factored": ("lean-factored", 0), "lora": ("float32", LORA_RANK)}
+AUTO = ("full", "lean", "lean-factored", "lora")
 # The first batch's estimate (rounded up to a power of two; halving corrects an overshoot): bytes of state per
 # parameter (ours: weights, gradients and AdamW's moments; the baseline: bfloat16 weights and float32 moments),
 # and per position the layers' saved activations (bfloat16, about 12 x the width and 4 x the feed-forward's
 # per layer) plus, for the baseline, its full logits (bfloat16, and float32 in the loss).
-STATE_BYTES_PER_PARAM = {"ours/full": 16, "ours/lean": 8, "ours/lora": 2, "baseline": 8}
+STATE_BYTES_PER_PARAM = {"ours/full": 16, "ours/lean": 8, "ours/lean-factored": 6, "ours/lora": 2, "baseline": 8}
 BASELINE_LOGIT_BYTES = 2 + 4 + 2
 USABLE_SHARE = 0.9  # of the device's memory
 PROFILE_STEPS = 3  # traced back to back after the timed repeats (--profile)
@@ -50,7 +50,7 @@ PROFILE_STEPS = 3  # traced back to back after the timed repeats (--profile)
 
 def training_label(training: str) -> str:
     precision, rank = TRAININGS[training]
-    return f"LoRA rank {rank}" if rank else "full, lean (bfloat16 state)" if precision == "lean" else "full"
+    return f"LoRA rank {rank}" if rank else "full" if precision == "float32" else f"full, {precision} (bfloat16 state)"
 
 
 def first_batch(side: str, model_config, *, seq_len: int, training: str, bytes_limit: int | None, cap: int) -> int:

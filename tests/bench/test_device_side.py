@@ -59,7 +59,7 @@ def test_auto_takes_the_first_training_the_compiler_fits_and_says_what_it_refuse
     assert (training, side.batch_size, refused) == ("lean", 2, [4])
     assert tried == [("full", 4), ("full", 2), ("full", 1), ("lean", 4), ("lean", 2)]
     assert len(refusals) == 1 and refusals[0].startswith("full: batch 1 does not fit")
-    with pytest.raises(device_side.DoesNotFit, match=r"full: .*; full, lean \(bfloat16 state\): .*; LoRA rank 16: "):
+    with pytest.raises(device_side.DoesNotFit, match=r"full: .*; full, lean \(bfloat16 state\): .*; full, lean-factored \(bfloat16 state\): .*; LoRA rank 16: "):
         monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: SideThatFitsUpTo(batch, fits=0))
         device_side.first_that_fits("ours", None, None, device_side.AUTO, first=lambda training: 2, seq_len=8,
                                     schedule=Schedule(0, 1, 1), log=lambda line: None)

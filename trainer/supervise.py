@@ -17,6 +17,10 @@ What ends the child, and what follows:
   stderr each. After N the supervisor exits with the child's code and the Job/JobSet's failure rules
   apply as without it. A child killed by signal S reports 128+S, as a shell would.
 
+The child runs in a process group of its own. When it ends, whatever it left running in that group (data
+loader workers, a subprocess) is killed before the next start, so that no orphan of a crashed trainer keeps
+its memory, and the supervisor (the container's first process, to which orphans fall) reaps what ended.
+
 Multi-host: every pod runs its own supervisor around its own trainer process. A crashed process makes
 its peers fail too: JAX's distributed runtime ends a process whose coordinator or peer stopped
 answering (its heartbeats), and their supervisors restart them as well. Each restarted trainer calls
@@ -30,6 +34,7 @@ restarts the pods.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -47,6 +52,21 @@ _NOT_RESTARTED = (contract.OK, contract.USER_ERROR, contract.RETRY)
 def exit_code(returncode: int) -> int:
     """A Popen return code as a process exit code: a child killed by signal S (-S) is 128+S."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def end_leftovers(group: int) -> None:
+    """Kill what is left of the child's process group `group`, and reap every child of ours that has ended."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:  # nothing was left
+        pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # no children at all
+            return
+        if pid == 0:  # children, none ended
+            return
 
 
 def what_ended(returncode: int) -> str:
@@ -73,10 +93,11 @@ class Supervisor:
             signal.signal(forwarded, self._forward)
         attempt = 0
         while True:
-            self._child = subprocess.Popen(self.command)
+            self._child = subprocess.Popen(self.command, process_group=0)
             if self._stopping is not None:  # the signal came while the child was being started
                 self._child.send_signal(self._stopping)
             returncode = self._child.wait()
+            end_leftovers(self._child.pid)
             if self._stopping is not None or returncode in _NOT_RESTARTED or attempt == self.restarts:
                 return exit_code(returncode)
             attempt += 1

@@ -13,14 +13,22 @@ from trainer import contract
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # argv: the start counter file, then what each start does, in order (the last one repeats):
-# "kill9" (SIGKILL itself), "exit:N", or "wait:N" (write ready, then on SIGTERM exit N).
+# "kill9" (SIGKILL itself), "exit:N", "wait:N" (write ready, then on SIGTERM exit N), or "orphan" (start a
+# grandchild that sleeps, as a data loader's worker would, write its pid, then SIGKILL itself).
 CHILD = """
-import os, pathlib, signal, sys, time
+import os, pathlib, signal, subprocess, sys, time
 counter = pathlib.Path(sys.argv[1])
 start = int(counter.read_text()) + 1 if counter.exists() else 1
 counter.write_text(str(start))
 plan = sys.argv[2:]
 action = plan[min(start, len(plan)) - 1]
+if (counter.parent / "worker").exists():  # a later start: is the first one's worker still running?
+    stat = pathlib.Path("/proc/" + (counter.parent / "worker").read_text() + "/stat")
+    (counter.parent / "worker_at_restart").write_text(stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else "gone")
+if action == "orphan":
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (counter.parent / "worker").write_text(str(worker.pid))
+    action = "kill9"
 if action == "kill9":
     os.kill(os.getpid(), signal.SIGKILL)
 if action.startswith("exit:"):
@@ -83,3 +91,20 @@ def test_after_n_restarts_the_childs_code_is_the_supervisors(tmp_path):
     _, stderr = supervisor.communicate(timeout=30)
     assert supervisor.returncode == 128 + signal.SIGKILL and _starts(tmp_path) == 3
     assert [line.split("attempt ")[1] for line in stderr.splitlines() if "restarting" in line] == ["1 of 2", "2 of 2"]
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie waiting for its parent)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_what_a_crashed_trainer_left_running_is_killed_before_the_restart(tmp_path):
+    supervisor = _supervise(tmp_path, "orphan", "exit:0")
+    supervisor.communicate(timeout=30)
+    assert supervisor.returncode == contract.OK and _starts(tmp_path) == 2
+    # When the restarted trainer starts, the worker is gone or a zombie of the killed group (Z), not running.
+    assert (tmp_path / "worker_at_restart").read_text() in ("gone", "Z")
+    assert not _running(int((tmp_path / "worker").read_text()))

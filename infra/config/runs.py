@@ -122,18 +122,28 @@ def local_tier_gib(training: TrainingConfig, slice_spec: SliceSpec) -> int:
     return math.ceil(local_tier_bytes_per_host(training, slice_spec) / _GIB) + LOCAL_TIER_MARGIN_GIB
 
 
+def _local_tier_needed_gib(training: TrainingConfig, slice_spec: SliceSpec) -> float:
+    """The tier's volume and the one more share the trainer holds while a save is written."""
+    return local_tier_gib(training, slice_spec) + local_tier_share_bytes(training, slice_spec) / _GIB
+
+
 def _check_local_tier(section: Section, training: TrainingConfig, slice_spec: SliceSpec) -> None:
     """The tier's volume is host memory inside the trainer container's bound, and the trainer holds one
     more share while a save is written: both must fit in it, or the kernel OOM-kills the trainer."""
-    share = local_tier_share_bytes(training, slice_spec) / _GIB
-    needed, host = local_tier_gib(training, slice_spec) + share, slice_spec.trainer_memory_gib
+    needed, host = _local_tier_needed_gib(training, slice_spec), slice_spec.trainer_memory_gib
     if needed > host:
         precision = training.precision or trainer_config.TrainConfig().precision
+        share = local_tier_share_bytes(training, slice_spec) / _GIB
+        # A full fine-tune's leaner precisions, fewer bytes first tried last: the first whose tier fits is named.
+        leaner = [(other, _local_tier_needed_gib(replace(training, precision=other), slice_spec))
+                  for other, size in trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER.items()
+                  if not training.lora_rank and size < trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER[precision]]
+        fitting = [f"precision: {other} (its tier needs {other_needed:.1f} GiB)" for other, other_needed in leaner if other_needed <= host]
         raise ConfigError(
             f"{section.key('localCheckpointInterval')}: the local checkpoint tier needs {needed:.1f} GiB of host memory on each "
             f"{slice_spec.machine_type} host ({LOCAL_CHECKPOINTS_KEPT + 1} copies of its {share:.1f} GiB share of the {training.model} "
             f"{precision} state, {LOCAL_TIER_MARGIN_GIB} GiB margin, and the copy a save writes from), over the {host} GiB the "
-            "trainer has there; set precision: lean or loraRank, or remove localCheckpointInterval (the persistent tier alone)"
+            f"trainer has there; set {fitting[0] + ' or ' if fitting else ''}loraRank, or remove localCheckpointInterval (the persistent tier alone)"
         )
 
 

@@ -230,7 +230,8 @@ CASES = (
                      "gemma-tpu:training": {"model": "gemma3-12b", "batchSize": 8, "localCheckpointInterval": "auto"}},
              error="gemma-tpu:training.localCheckpointInterval: the local checkpoint tier needs 264.7 GiB of host memory on each "
                    "ct5lp-hightpu-4t host (3 copies of its 65.7 GiB share of the gemma3-12b float32 state, 1 GiB margin, and the "
-                   "copy a save writes from), over the 160 GiB the trainer has there; set precision: lean or loraRank, or remove "
+                   "copy a save writes from), over the 160 GiB the trainer has there; set precision: lean (its tier needs 132.9 GiB) "
+                   "or loraRank, or remove "
                    "localCheckpointInterval (the persistent tier alone)"),
     BadStack(case="run name not a DNS label", config={"gemma-tpu:training": {"runName": "Run_1"}},
              error="gemma-tpu:training.runName 'Run_1' must be at most 54 characters of a-z, 0-9 and '-', starting with a letter"),

@@ -133,11 +133,12 @@ def test_the_local_checkpoint_tier_is_off_unless_its_interval_is_set():
 def test_a_local_tier_that_does_not_fit_the_hosts_memory_is_refused_with_its_figures():
     v5e = {"accelerator": "v5e", "topology": "2x4"}
     # gemma3-12b float32 on 2 ct5lp-hightpu-4t hosts: 12 bytes x 11.77e9 / 2 = 65.7 GiB a host, 3 copies and 1 GiB
-    # of volume plus the save's copy: 264.7 GiB over the trainer's 160.
+    # of volume plus the save's copy: 264.7 GiB over the trainer's 160; lean's (6 bytes) needs 132.9, the first that fits.
     with pytest.raises(ConfigError, match=r"^gemma-tpu:training.localCheckpointInterval: the local checkpoint tier needs 264.7 GiB "
                                           r"of host memory on each ct5lp-hightpu-4t host \(3 copies of its 65.7 GiB share of the "
                                           r"gemma3-12b float32 state, 1 GiB margin, and the copy a save writes from\), over the 160 "
-                                          r"GiB the trainer has there; set precision: lean or loraRank, or remove localCheckpointInterval"):
+                                          r"GiB the trainer has there; set precision: lean \(its tier needs 132.9 GiB\) or loraRank, or remove "
+                                          r"localCheckpointInterval"):
         parse(tpu=v5e, training={"model": "gemma3-12b", "batchSize": 8, "localCheckpointInterval": "auto"})
     from infra.config.runs import local_tier_share_bytes
     from trainer.gemma3.config import MODELS
@@ -148,3 +149,6 @@ def test_a_local_tier_that_does_not_fit_the_hosts_memory_is_refused_with_its_fig
     # LoRA's adapters are whole on every host: the share is all of them.
     assert local_tier_share_bytes(config.runs[0].training, config.slice) == 12 * lora_param_count(MODELS["gemma3-12b"], 16)
     parse(tpu=v5e, training={"model": "gemma3-12b", "batchSize": 8})  # no tier, nothing to fit
+    # gemma3-27b: not even lean-factored's tier (4 bytes a parameter: 201 GiB) fits beside the trainer; only LoRA is named.
+    with pytest.raises(ConfigError, match=r"over the 160 GiB the trainer has there; set loraRank, or remove localCheckpointInterval"):
+        parse(tpu=v5e, training={"model": "gemma3-27b", "batchSize": 8, "localCheckpointInterval": "auto"})

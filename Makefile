@@ -35,8 +35,8 @@ help:
 
 setup: $(STAMP)
 
-# pip install --no-compile: a module's bytecode is written when a process first imports it, instead of for every
-# file of every package at install (most of TensorFlow's 1,800 never are): about a minute less on a fresh clone.
+# pip writes every package's bytecode at install; keep it so (no --no-compile): with PYTHONDONTWRITEBYTECODE=1, as
+# on this machine and in CI, Python writes none at import, and every process would compile all it imports again.
 
 # Installed from the locks: every package at its pinned version and file hash (docs/dependencies.md): the
 # trainer image's packages (trainer/Dockerfile installs trainer/requirements.lock, which requirements-dev.lock
@@ -45,19 +45,19 @@ setup: $(STAMP)
 $(STAMP): requirements-dev.lock requirements-gemma.lock
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12 (gemma 4 needs it)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile --require-hashes --no-deps -r requirements-dev.lock -r requirements-gemma.lock
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements-dev.lock -r requirements-gemma.lock
 	touch $@
 
 $(POLICY_STAMP): policy/requirements.txt
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found: install python3.12" >&2; exit 1; }
 	test -x $(POLICY_VENV)/bin/python || $(PYTHON312) -m venv $(POLICY_VENV)
-	$(POLICY_VENV)/bin/python -m pip install -q --no-compile -r policy/requirements.txt
+	$(POLICY_VENV)/bin/python -m pip install -q -r policy/requirements.txt
 	touch $@
 
 $(HF_STAMP): requirements-hf.lock
 	@test -n "$(PYTHON311)" || { echo "error: Python 3.11 not found: install python3.11 (the export's Hugging Face check runs CPU torch on it)" >&2; exit 1; }
 	test -x $(HF_VENV)/bin/python || $(PYTHON311) -m venv $(HF_VENV)
-	$(HF_VENV)/bin/python -m pip install -q --no-compile -r requirements-hf.lock
+	$(HF_VENV)/bin/python -m pip install -q -r requirements-hf.lock
 	touch $@
 
 test: $(STAMP) $(POLICY_STAMP) $(HF_STAMP)

@@ -134,7 +134,7 @@ def _check_local_tier(section: Section, training: TrainingConfig, slice_spec: Sl
     if needed > host:
         precision = training.precision or trainer_config.TrainConfig().precision
         share = local_tier_share_bytes(training, slice_spec) / _GIB
-        # A full fine-tune's leaner precisions, fewer bytes first tried last: the first whose tier fits is named.
+        # A full fine-tune's leaner precisions, in the table's order (most bytes first): the first whose tier fits is named.
         leaner = [(other, _local_tier_needed_gib(replace(training, precision=other), slice_spec))
                   for other, size in trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER.items()
                   if not training.lora_rank and size < trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER[precision]]

@@ -36,6 +36,7 @@ from trainer.run import hardware, tpu_flags
 
 _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
 
+
 def default_cache_dir() -> pathlib.Path:
     """$XDG_CACHE_HOME/gemma-tpu/compiles, else ~/.cache/gemma-tpu/compiles."""
     return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "gemma-tpu" / "compiles"
@@ -129,11 +130,11 @@ def compile_options(devices: list) -> dict[str, str]:
     return tpu_flags.compile_options(accelerator)
 
 
-def cache_key(lowered, devices: list) -> str:
-    """What makes the compiler answer differently: the program, the compiler's versions and flags, the devices."""
+def cache_key(lowered, devices: list, options: dict[str, str]) -> str:
+    """What makes the compiler answer differently: the program, the compiler's versions, flags and options, the devices."""
     digest = hashlib.sha256(lowered.as_text().encode())
     for part in (_version("jaxlib"), _version("libtpu"), os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
-                 json.dumps(compile_options(devices), sort_keys=True)):
+                 json.dumps(options, sort_keys=True)):
         digest.update(b"\0" + part.encode())
     for device in devices:
         facts = (device.id, device.device_kind, getattr(device, "coords", None), getattr(device, "slice_index", None))
@@ -167,7 +168,7 @@ def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the
     current, path = _session, None
     label = ": ".join([*current.doing, what])
     if current.cache_dir is not None:
-        path = current.cache_dir / f"{cache_key(lowered, devices)}.json.gz"
+        path = current.cache_dir / f"{cache_key(lowered, devices, options)}.json.gz"
         entry = _read(path)
         if entry is not None:
             current.cached += 1

@@ -63,7 +63,7 @@ $(HF_STAMP): requirements-hf.lock
 # The three environments install side by side (-j3: each is its own venv; about a minute less on a fresh clone).
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(POLICY_STAMP) $(HF_STAMP)
-	HF_PYTHON=$(HF_VENV)/bin/python $(PY) -m pytest -q -n logical --maxprocesses 4 --dist loadfile
+	HF_PYTHON=$(HF_VENV)/bin/python $(PY) -m pytest -q -n logical --maxprocesses 4 --dist loadfile --durations=20
 	MAIN_PYTHON=$(PY) $(POLICY_VENV)/bin/python -m pytest -q policy/tests
 
 demo: $(STAMP)

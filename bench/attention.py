@@ -14,6 +14,7 @@ Pallas' interpreter (its times say nothing of a GPU's), to check the script.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import statistics
@@ -50,13 +51,21 @@ def packed_rows(batch: int, seq_len: int, seed: int = 0) -> tuple[jax.Array, jax
     return jnp.asarray(segments), jnp.asarray(positions)
 
 
-def attention_functions(kernel: str, *, interpret: bool, segments, positions, window: int | None) -> dict:
-    """{"dense": f, kernel: f}, each (query, key, value) -> attended queries."""
+def attention_functions(kernel: str, *, interpret: bool, segments, positions, window: int | None,
+                        splash_variants: dict) -> dict:
+    """{"dense": f, kernel: f} (splash: one per variant, {name: BlockSizes}), each (query, key, value) -> attended queries."""
     attend = layers.KERNELS[kernel].attend
-    return {
-        "dense": lambda q, k, v: dense_attention(q, k, v, positions, segments, window=window),
-        kernel: lambda q, k, v: attend(q, k, v, segments, window=window, interpret=interpret),
-    }
+    kernels = {kernel: {}} if kernel != "splash" else {f"splash {name}": {"block_sizes": sizes} for name, sizes in splash_variants.items()}
+    return {"dense": lambda q, k, v: dense_attention(q, k, v, positions, segments, window=window)} | {
+        name: functools.partial(lambda q, k, v, extra: attend(q, k, v, segments, window=window, interpret=interpret, **extra), extra=extra)
+        for name, extra in kernels.items()}
+
+
+def splash_variants(blocks: list[int], fused: str, seq_len: int) -> dict:
+    """{name: splash BlockSizes} for each tile size, the backward kernels separate, fused or both."""
+    choices = {"no": (False,), "yes": (True,), "both": (False, True)}[fused]
+    return {f"{block}{' fused' if f else ''}": layers.splash_block_sizes(seq_len, block, fused_backward=f)
+            for block in blocks for f in choices}
 
 
 def forward_and_backward(attend):
@@ -78,7 +87,8 @@ def measure(attend, arguments, repeats: int) -> tuple[float, int]:
     return statistics.median(seconds), hbm.needed_bytes(compiled)
 
 
-def run(model_config, *, kernel: str, interpret: bool, seq_len: int, batch_size: int, repeats: int) -> list[dict]:
+def run(model_config, *, kernel: str, interpret: bool, seq_len: int, batch_size: int, repeats: int,
+        blocks: list[int], fused: str) -> list[dict]:
     c = model_config
     segments, positions = packed_rows(batch_size, seq_len)
     keys = jax.random.split(jax.random.key(0), 4)
@@ -88,13 +98,16 @@ def run(model_config, *, kernel: str, interpret: bool, seq_len: int, batch_size:
     rows = []
     for kind in sorted(set(c.attention_types), key=lambda kind: kind.value):
         window = c.sliding_window_size if kind is Attention.LOCAL else None
-        functions = attention_functions(kernel, interpret=interpret, segments=segments, positions=positions, window=window)
+        functions = attention_functions(kernel, interpret=interpret, segments=segments, positions=positions, window=window,
+                                        splash_variants=splash_variants(blocks, fused, seq_len))
         figures = {name: measure(attend, (query, key, value, cotangent), repeats) for name, attend in functions.items()}
-        (dense_s, dense_bytes), (kernel_s, kernel_bytes) = figures["dense"], figures[kernel]
-        print(f"  seq {seq_len:>6} {kind.value:<18} dense {dense_s * 1e3:9.2f} ms {mib(dense_bytes):>12}   "
-              f"{kernel} {kernel_s * 1e3:9.2f} ms {mib(kernel_bytes):>12}   time {kernel_s / dense_s:5.2f}x  memory {kernel_bytes / dense_bytes:5.2f}x")
-        rows.append({"seq_len": seq_len, "layer": kind.value, "dense_seconds": dense_s, "dense_bytes": dense_bytes,
-                     "kernel": kernel, "kernel_seconds": kernel_s, "kernel_bytes": kernel_bytes})
+        dense_s, dense_bytes = figures.pop("dense")
+        for name, (kernel_s, kernel_bytes) in figures.items():
+            print(f"  seq {seq_len:>6} {kind.value:<18} dense {dense_s * 1e3:9.2f} ms {mib(dense_bytes):>12}   "
+                  f"{name:<16} {kernel_s * 1e3:9.2f} ms {mib(kernel_bytes):>12}   time {kernel_s / dense_s:5.2f}x  "
+                  f"memory {kernel_bytes / dense_bytes:5.2f}x")
+            rows.append({"seq_len": seq_len, "layer": kind.value, "dense_seconds": dense_s, "dense_bytes": dense_bytes,
+                         "kernel": name, "kernel_seconds": kernel_s, "kernel_bytes": kernel_bytes})
     return rows
 
 
@@ -105,6 +118,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--splash-blocks", type=int, nargs="+", default=[layers.SPLASH_BLOCK],
+                        help=f"splash's tile sizes to compare (each halved until it divides the length; default {layers.SPLASH_BLOCK})")
+    parser.add_argument("--fused-backward", choices=("no", "yes", "both"), default="yes",
+                        help="splash's backward as one kernel (query and key/value gradients together), two, or both")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures to this file, one object per layer kind and length")
     parser.add_argument("--dry-run", action="store_true", help=f"on the CPU: the tiny model at sequence {DRY_RUN_SEQ_LEN}, "
                         "the flash kernel in Pallas' interpreter")
@@ -125,7 +142,7 @@ def main(argv=None) -> int:
           f"forward and backward of one layer's attention (median of {repeats})")
     rows = [row for seq_len in seq_lens for row in run(
         model_config, kernel=kernel, interpret=layers.interpreted(kernel, platform), seq_len=seq_len,
-        batch_size=args.batch_size, repeats=repeats)]
+        batch_size=args.batch_size, repeats=repeats, blocks=args.splash_blocks, fused=args.fused_backward)]
     if args.json:
         args.json.write_text(json.dumps({"device": jax.devices()[0].device_kind, "batch_size": args.batch_size, "rows": rows}, indent=1))
     return 0

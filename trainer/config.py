@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--attention", choices=ATTENTIONS, help="how packed rows attend: dense (a [L, L] mask per row), splash (the TPU kernel, "
         "block-sparse over documents and Gemma 3's sliding window) or flash (the GPU kernel, the same without the [L, L] mask); "
         f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")
-    add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul outputs) or full (keeps each "
+    add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul and attention outputs) or full (keeps each "
         f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
     add("--vocab-chunk", type=vocab_chunk_option, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "
         "auto: on TPU the fastest by the compiler's figures that fits, elsewhere none unless [tokens per device, vocab] "

@@ -56,6 +56,21 @@ def _dummy_tokens() -> jax.Array:
     return jnp.ones((1, 8), jnp.int32)
 
 
+# Initialisation is compiled and run once a run. On CPU, LLVM's optimisation of its random-number code was
+# most of that compile (the tiny model's init 4.9 s, 0.9 s unoptimised; a six-layer LoRA model's 40 s, 4 s
+# unoptimised), so it is skipped there: a seed gives the same weights every run (not bit-equal to an optimised
+# compile's, which differed in the last bits).
+_INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0}}
+
+
+def _initialised(init: Callable, seed: int, out_shardings: Callable | None) -> Params:
+    key = jax.random.key(seed)
+    shardings = out_shardings(jax.eval_shape(init, key)) if out_shardings else None
+    traced = isinstance(key, jax.core.Tracer)  # inside jax.eval_shape (shapes only): nothing is compiled
+    options = None if traced else _INIT_COMPILER_OPTIONS.get(jax.default_backend())
+    return jax.jit(init, out_shardings=shardings, compiler_options=options)(key)
+
+
 def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None) -> Params:
     """Random float32 parameters (base + adapters when lora_rank), created already sharded."""
     model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
@@ -63,8 +78,7 @@ def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callabl
     def init(key):
         return model.init(key, _dummy_tokens())["params"]
 
-    shardings = out_shardings(jax.eval_shape(init, jax.random.key(seed))) if out_shardings else None
-    return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
+    return _initialised(init, seed, out_shardings)
 
 
 def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable | None = None) -> Params:
@@ -74,8 +88,7 @@ def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable 
     def init(key):
         return adapters_only(model.init(key, _dummy_tokens())["params"])  # the base weights are dead code here
 
-    shardings = out_shardings(jax.eval_shape(init, jax.random.key(seed))) if out_shardings else None
-    return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
+    return _initialised(init, seed, out_shardings)
 
 
 def adapters_only(params: Params) -> Params:

@@ -12,8 +12,8 @@ Under FSDP each projection weight is gathered whole before its matmul (`gathered
 partitioner writes one matmul, not a windowed loop over the weight's shards.
 
 Rematerialisation (`--remat`): "none" keeps every activation for the backward pass; "dots" keeps
-the matmul outputs of each block and recomputes the rest; "full" keeps only each block's input and
-recomputes the block.
+the matmul outputs of each block and the attention kernel's output, and recomputes the rest; "full"
+keeps only each block's input and recomputes the block.
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ from trainer.nn import flash_attention
 from trainer.errors import UserError
 from trainer.nn.sharding import fsdp_spec
 
+# The splash kernel's output and log-sum-exp carry this name: "dots" keeps them (a layer's output projection
+# needs the attention's output in the backward pass, which "dots" alone would recompute with the kernel).
+ATTENTION_RESIDUALS = "attention_residuals"
+
 # Least recomputation first: --remat auto tries them in this order (trainer.run.step).
 REMAT_POLICIES = {
     "none": None,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                                                            jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS)),
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 
@@ -104,17 +109,40 @@ def interpreted(attention: str, platform: str) -> bool:
     return attention in KERNELS and KERNELS[attention].platform != platform
 
 
-def _kernel(num_heads: int, seq_len: int, window: int | None, interpret: bool):
+# Splash's tiles: the largest power of two up to this that divides the row, for every block of the forward and
+# backward kernels, the backward as one kernel. Pallas' default (128 tiles, two backward kernels) left the
+# kernel bound by its grid's steps: at gemma3-1b, 8 x 1024 on one v5e chip, attention took 68.8 ms of a 426 ms
+# step (16%). One layer's forward and backward there (`python -m bench.attention --batch-size 8 --splash-blocks
+# 128 256 512 1024 --fused-backward both`): 128 3.42 ms (global) / 2.85 (local), 512 fused 1.64 / 1.67, the
+# fastest; 256 fused 1.69 / 1.69, 1024 fused 1.73 / 1.75.
+SPLASH_BLOCK = 512
+
+
+def splash_block_sizes(seq_len: int, largest: int = SPLASH_BLOCK, *, fused_backward: bool = True) -> splash.BlockSizes:
+    """Tiles of `largest` (halved until it divides seq_len, a multiple of 128) for every kernel; with
+    `fused_backward` one backward kernel computes the query and key/value gradients together."""
+    block = largest
+    while seq_len % block:
+        block //= 2
+    backward_query = {} if fused_backward else {"block_q_dq": block, "block_kv_dq": block}
+    return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
+                             block_kv_dkv_compute=block, use_fused_bwd_kernel=fused_backward, **backward_query)
+
+
+def _kernel(num_heads: int, seq_len: int, window: int | None, interpret: bool, block_sizes: splash.BlockSizes):
     """Built per trace (it holds arrays; a cached one would leak a tracer into the next trace)."""
     shape = (seq_len, seq_len)
     # Gemma's sliding window: a query at q sees keys at q - window < k <= q.
     mask = splash.CausalMask(shape) if window is None else splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
-    return splash.make_splash_mha_single_device(splash.MultiHeadMask([mask] * num_heads), interpret=interpret)
+    return splash.make_splash_mha_single_device(splash.MultiHeadMask([mask] * num_heads), block_sizes=block_sizes,
+                                                residual_checkpoint_name=ATTENTION_RESIDUALS, interpret=interpret)
 
 
-def splash_attention(query, key, value, segment_ids, *, window: int | None, interpret: bool):
-    """query [B, L, N, H] (already scaled), key/value [B, L, K, H], segment_ids [B, L] -> [B, L, N, H]."""
-    kernel = _kernel(query.shape[2], query.shape[1], window, interpret)
+def splash_attention(query, key, value, segment_ids, *, window: int | None, interpret: bool, block_sizes=None):
+    """query [B, L, N, H] (already scaled), key/value [B, L, K, H], segment_ids [B, L] -> [B, L, N, H];
+    block_sizes: splash_block_sizes(L) unless given (bench.attention compares others)."""
+    seq_len = query.shape[1]
+    kernel = _kernel(query.shape[2], seq_len, window, interpret, block_sizes or splash_block_sizes(seq_len))
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
 
     def one_row(q, k, v, segments):

@@ -136,17 +136,20 @@ def test_a_wrong_window_would_be_caught(model_config):
     assert float(jnp.max(jnp.abs(dense - other))) > 1e-3
 
 
-def primitives(jaxpr) -> set[str]:
-    """The names of the primitives in a jaxpr and the jaxprs inside it."""
-    found = set()
+def equations(jaxpr):
+    """The equations of a jaxpr and of the jaxprs inside it."""
     for equation in jaxpr.eqns:
-        found.add(equation.primitive.name)
+        yield equation
         for value in equation.params.values():
             for inner in value if isinstance(value, (list, tuple)) else [value]:
                 inner = getattr(inner, "jaxpr", inner)
                 if hasattr(inner, "eqns"):
-                    found |= primitives(inner)
-    return found
+                    yield from equations(inner)
+
+
+def primitives(jaxpr) -> set[str]:
+    """The names of the primitives in a jaxpr and the jaxprs inside it."""
+    return {equation.primitive.name for equation in equations(jaxpr)}
 
 
 @pytest.mark.parametrize("remat", ["dots", "full"])
@@ -168,6 +171,23 @@ def test_rematerialised_blocks_give_the_same_loss_and_gradients(model_config, re
     assert float(value) == pytest.approx(float(plain), rel=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("remat, forward_calls", [("none", 1), ("dots", 1), ("full", 2)])
+def test_dots_keeps_the_splash_kernels_output_instead_of_running_the_kernel_again(model_config, remat, forward_calls):
+    """A layer's backward pass needs its attention's output (for the output projection's gradient) and log-sum-exp
+    (for the kernel's own): "dots" keeps both, so the kernel's forward runs once a layer, as without remat;
+    "full" runs it again in the backward pass. Each layer's backward is one kernel (query and key/value
+    gradients fused, layers.splash_block_sizes)."""
+    model = models.build_model(model_config, dtype=jnp.float32)
+    batch = packed_batch()
+    params = model.init(jax.random.key(0), batch["input_tokens"][:, :8])["params"]
+    options = layers.LayerOptions(attention="splash", remat=remat, interpret=True)
+    gradient = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(loss.hidden_states(model, p, batch, options))))(params)
+    kernels = [str(e.params["name"]) for e in equations(gradient.jaxpr) if e.primitive.name == "pallas_call"]
+    layer_count = model_config.num_layers
+    assert sum("_fwd_" in name for name in kernels) == forward_calls * layer_count, kernels
+    assert sum("_dkv_" in name for name in kernels) == layer_count and not any("_dq_" in name for name in kernels), kernels
 
 
 def test_the_options_table_names_the_policies_there_are():

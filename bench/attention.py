@@ -63,9 +63,9 @@ def attention_functions(kernel: str, *, interpret: bool, segments, positions, wi
 
 def splash_variants(blocks: list[int], fused: str, seq_len: int) -> dict:
     """{name: splash BlockSizes} for each tile size, the backward kernels separate, fused or both."""
-    choices = {"no": (False,), "yes": (True,), "both": (False, True)}[fused]
-    return {f"{block}{' fused' if f else ''}": layers.splash_block_sizes(seq_len, block, fused_backward=f)
-            for block in blocks for f in choices}
+    choices = {"auto": (None,), "no": (False,), "yes": (True,), "both": (False, True)}[fused]
+    sizes = [layers.splash_block_sizes(seq_len, block, fused_backward=f) for block in blocks for f in choices]
+    return {f"{s.block_q}{' fused' if s.use_fused_bwd_kernel else ''}": s for s in sizes}
 
 
 def forward_and_backward(attend):
@@ -120,8 +120,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--splash-blocks", type=int, nargs="+", default=[layers.SPLASH_BLOCK],
                         help=f"splash's tile sizes to compare (each halved until it divides the length; default {layers.SPLASH_BLOCK})")
-    parser.add_argument("--fused-backward", choices=("no", "yes", "both"), default="yes",
-                        help="splash's backward as one kernel (query and key/value gradients together), two, or both")
+    parser.add_argument("--fused-backward", choices=("auto", "no", "yes", "both"), default="auto",
+                        help="splash's backward as one kernel (query and key/value gradients together), two, or both; "
+                        "auto: the trainer's choice for the length")
     parser.add_argument("--json", type=pathlib.Path, help="also write the figures to this file, one object per layer kind and length")
     parser.add_argument("--dry-run", action="store_true", help=f"on the CPU: the tiny model at sequence {DRY_RUN_SEQ_LEN}, "
                         "the flash kernel in Pallas' interpreter")

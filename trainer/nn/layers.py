@@ -110,20 +110,27 @@ def interpreted(attention: str, platform: str) -> bool:
 
 
 # Splash's tiles: the largest power of two up to this that divides the row, for every block of the forward and
-# backward kernels, the backward as one kernel. Pallas' default (128 tiles, two backward kernels) left the
+# backward kernels, the backward as one kernel on short rows. Pallas' default (128 tiles, two backward kernels) left the
 # kernel bound by its grid's steps: at gemma3-1b, 8 x 1024 on one v5e chip, attention took 68.8 ms of a 426 ms
 # step (16%). One layer's forward and backward there (`python -m bench.attention --batch-size 8 --splash-blocks
 # 128 256 512 1024 --fused-backward both`): 128 3.42 ms (global) / 2.85 (local), 512 fused 1.64 / 1.67, the
 # fastest; 256 fused 1.69 / 1.69, 1024 fused 1.73 / 1.75.
 SPLASH_BLOCK = 512
+# The fused backward kernel writes a query gradient per key/value tile and sums them afterwards: at 1024 (two
+# tiles) it is the faster one above, at 8192 (16 tiles) it added 12 GB of HBM traffic a chip to gemma3-1b's
+# step on v6e 2x4, 8192 x 16, remat dots (the compiler's MFU bound 58.2% -> 56.1%). Longer rows keep two kernels.
+FUSED_BACKWARD_MAX_TILES = 2
 
 
-def splash_block_sizes(seq_len: int, largest: int = SPLASH_BLOCK, *, fused_backward: bool = True) -> splash.BlockSizes:
+def splash_block_sizes(seq_len: int, largest: int = SPLASH_BLOCK, *, fused_backward: bool | None = None) -> splash.BlockSizes:
     """Tiles of `largest` (halved until it divides seq_len, a multiple of 128) for every kernel; with
-    `fused_backward` one backward kernel computes the query and key/value gradients together."""
+    `fused_backward` (default: rows of at most FUSED_BACKWARD_MAX_TILES tiles) one backward kernel computes
+    the query and key/value gradients together."""
     block = largest
     while seq_len % block:
         block //= 2
+    if fused_backward is None:
+        fused_backward = seq_len // block <= FUSED_BACKWARD_MAX_TILES
     backward_query = {} if fused_backward else {"block_q_dq": block, "block_kv_dq": block}
     return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
                              block_kv_dkv_compute=block, use_fused_bwd_kernel=fused_backward, **backward_query)

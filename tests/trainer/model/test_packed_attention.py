@@ -190,6 +190,16 @@ def test_dots_keeps_the_splash_kernels_output_instead_of_running_the_kernel_agai
     assert sum("_dkv_" in name for name in kernels) == layer_count and not any("_dq_" in name for name in kernels), kernels
 
 
+def test_splash_tiles_divide_the_row_and_fuse_the_backward_only_on_short_rows():
+    """512 tiles where they divide the row; one backward kernel up to FUSED_BACKWARD_MAX_TILES tiles a row, whose
+    query gradient it writes once per key/value tile."""
+    tiles = {seq_len: layers.splash_block_sizes(seq_len) for seq_len in (256, 1024, 1536, 8192)}
+    assert {seq_len: (t.block_q, t.block_kv, t.block_kv_dkv) for seq_len, t in tiles.items()} == {
+        256: (256, 256, 256), 1024: (512, 512, 512), 1536: (512, 512, 512), 8192: (512, 512, 512)}
+    assert {seq_len: t.use_fused_bwd_kernel for seq_len, t in tiles.items()} == {256: True, 1024: True, 1536: False, 8192: False}
+    assert (tiles[8192].block_q_dq, tiles[1024].block_q_dq) == (512, None)
+
+
 def test_the_options_table_names_the_policies_there_are():
     from trainer import config
     from trainer.run import step

@@ -14,7 +14,6 @@ Pallas' interpreter (its times say nothing of a GPU's), to check the script.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import pathlib
 import statistics
@@ -51,21 +50,26 @@ def packed_rows(batch: int, seq_len: int, seed: int = 0) -> tuple[jax.Array, jax
     return jnp.asarray(segments), jnp.asarray(positions)
 
 
-def attention_functions(kernel: str, *, interpret: bool, segments, positions, window: int | None,
-                        splash_variants: dict) -> dict:
-    """{"dense": f, kernel: f} (splash: one per variant, {name: BlockSizes}), each (query, key, value) -> attended queries."""
+def attention_functions(kernel: str, *, interpret: bool, segments, positions, window: int | None, variants: dict) -> dict:
+    """{"dense": f, name: f for each of the kernel's variants ({name: extra keyword arguments of its attend})},
+    each (query, key, value) -> attended queries."""
     attend = layers.KERNELS[kernel].attend
-    kernels = {kernel: {}} if kernel != "splash" else {f"splash {name}": {"block_sizes": sizes} for name, sizes in splash_variants.items()}
-    return {"dense": lambda q, k, v: dense_attention(q, k, v, positions, segments, window=window)} | {
-        name: functools.partial(lambda q, k, v, extra: attend(q, k, v, segments, window=window, interpret=interpret, **extra), extra=extra)
-        for name, extra in kernels.items()}
+
+    def variant(extra):
+        return lambda q, k, v: attend(q, k, v, segments, window=window, interpret=interpret, **extra)
+
+    return {"dense": lambda q, k, v: dense_attention(q, k, v, positions, segments, window=window),
+            **{name: variant(extra) for name, extra in variants.items()}}
 
 
-def splash_variants(blocks: list[int], fused: str, seq_len: int) -> dict:
-    """{name: splash BlockSizes} for each tile size, the backward kernels separate, fused or both."""
+def kernel_variants(kernel: str, blocks: list[int], fused: str, seq_len: int) -> dict:
+    """{name: extra keyword arguments}: splash once per tile size and backward (separate, fused or both) asked
+    for, another kernel as it is."""
+    if kernel != "splash":
+        return {kernel: {}}
     choices = {"auto": (None,), "no": (False,), "yes": (True,), "both": (False, True)}[fused]
     sizes = [layers.splash_block_sizes(seq_len, block, fused_backward=f) for block in blocks for f in choices]
-    return {f"{s.block_q}{' fused' if s.use_fused_bwd_kernel else ''}": s for s in sizes}
+    return {f"splash {s.block_q}{' fused' if s.use_fused_bwd_kernel else ''}": {"block_sizes": s} for s in sizes}
 
 
 def forward_and_backward(attend):
@@ -95,11 +99,12 @@ def run(model_config, *, kernel: str, interpret: bool, seq_len: int, batch_size:
     query = jax.random.normal(keys[0], (batch_size, seq_len, c.num_heads, c.head_dim), jnp.bfloat16) * c.query_pre_attn_scalar**-0.5
     key, value = (jax.random.normal(k, (batch_size, seq_len, c.num_kv_heads, c.head_dim), jnp.bfloat16) for k in keys[1:3])
     cotangent = jax.random.normal(keys[3], query.shape, jnp.float32)
+    variants = kernel_variants(kernel, blocks, fused, seq_len)
     rows = []
     for kind in sorted(set(c.attention_types), key=lambda kind: kind.value):
         window = c.sliding_window_size if kind is Attention.LOCAL else None
         functions = attention_functions(kernel, interpret=interpret, segments=segments, positions=positions, window=window,
-                                        splash_variants=splash_variants(blocks, fused, seq_len))
+                                        variants=variants)
         figures = {name: measure(attend, (query, key, value, cotangent), repeats) for name, attend in functions.items()}
         dense_s, dense_bytes = figures.pop("dense")
         for name, (kernel_s, kernel_bytes) in figures.items():

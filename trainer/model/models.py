@@ -60,14 +60,14 @@ def _dummy_tokens() -> jax.Array:
 # most of that compile (the tiny model's init 4.9 s, 0.9 s unoptimised; a six-layer LoRA model's 40 s, 4 s
 # unoptimised), so it is skipped there: a seed gives the same weights every run (not bit-equal to an optimised
 # compile's, which differed in the last bits).
-_INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0}}
+INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0}}
 
 
 def _initialised(init: Callable, seed: int, out_shardings: Callable | None) -> Params:
     key = jax.random.key(seed)
     shardings = out_shardings(jax.eval_shape(init, key)) if out_shardings else None
     traced = isinstance(key, jax.core.Tracer)  # inside jax.eval_shape (shapes only): nothing is compiled
-    options = None if traced else _INIT_COMPILER_OPTIONS.get(jax.default_backend())
+    options = None if traced else INIT_COMPILER_OPTIONS.get(jax.default_backend())
     return jax.jit(init, out_shardings=shardings, compiler_options=options)(key)
 
 

@@ -4,12 +4,10 @@ rematerialisation and vocabulary chunk the compiler fits in memory)."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
 from trainer.data import loader as data_lib
-from trainer.model import models
 from trainer.nn import precision
 from trainer.run import mesh, step
 from trainer.config import TrainConfig
@@ -35,9 +33,7 @@ class Ours(Side):
         compute_dtype = dtype or precision.compute_dtype()
         self.run_step = step.build_run_step(self.config, model_config, self.mesh, total_steps=1_000_000,
                                             compute_dtype=compute_dtype)
-        trained, frozen = models.initial_params(self.config, model_config, self.run_step.shard, resuming=False)
-        self.frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)  # None stays None
-        self.state = step.init_state(trained, self.run_step.optimizer, state_shardings_fn=self.run_step.shard)
+        self.state, self.frozen = step.initial_state(self.config, model_config, self.run_step, resuming=False)
         self.batches = data_lib.batches(data, seq_len=seq_len, global_batch_size=batch_size, seed=seed, split="train")
 
     def _build(self):

@@ -113,10 +113,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     tiers = local_checkpoints.Tiers(checkpointer, local)
     resume_step = tiers.newest_step()
 
-    trained, frozen = models.initial_params(config, model_config, run_step.shard, resuming=resume_step is not None)
-    frozen = jax.tree.map(lambda p: p.astype(compute_dtype), frozen)  # None stays None
+    state, frozen = step.initial_state(config, model_config, run_step, resuming=resume_step is not None)
     if resume_step is None:
-        state = step.init_state(trained, optimizer, state_shardings_fn=run_step.shard)
         start_step = 0
     else:
         with events.span("restore") as restored:

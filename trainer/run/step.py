@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer.nn import layers as layers_lib
 from trainer.model import models
@@ -57,7 +58,11 @@ def make_step_functions(
     vocab_chunk: int | None,
     state_shardings=None,
     layers: layers_lib.LayerOptions = layers_lib.LayerOptions(),
+    grad_accum_steps: int = 1,
 ) -> StepFunctions:
+    """`grad_accum_steps` > 1: the train step runs the global batch as that many micro-batches in sequence
+    (micro_batches) and updates once, with the loss and gradient of the whole global batch."""
+
     def loss_sums(trained, frozen, batch):
         params = forward_params(trained, frozen, compute_dtype)
         return loss.loss_sums(model, params, batch, softcap=softcap, vocab_chunk=vocab_chunk, layers=layers)
@@ -66,8 +71,35 @@ def make_step_functions(
         total, count = loss_sums(trained, frozen, batch)
         return total / jnp.maximum(count, 1.0)
 
+    def accumulated_mean_loss_and_grads(trained, frozen, batch):
+        # Each micro-batch's loss sum is divided by the GLOBAL batch's mask count before its gradient, so the
+        # gradients add up to that of the global mean (not a mean of per-micro-batch means, which would
+        # weight a mostly padded micro-batch's tokens as much as a full one's).
+        scale = 1.0 / jnp.maximum(jnp.sum(batch["loss_mask"].astype(jnp.float32)), 1.0)
+
+        def scaled_sum(trained, micro_batch):
+            total, _ = loss_sums(trained, frozen, micro_batch)
+            return total * scale
+
+        def micro_step(carry, micro_batch):
+            mean, grads = carry
+            part, micro_grads = jax.value_and_grad(scaled_sum)(trained, micro_batch)
+            return (mean + part, jax.tree.map(jnp.add, grads, micro_grads)), None
+
+        # In the trained weights' dtype: float32 masters add float32 gradients; lean's bfloat16 weights get
+        # bfloat16 sums (a float32 tree would add 4 bytes a trained parameter to lean's 8, README).
+        zeros = jax.tree.map(jnp.zeros_like, trained)
+        if state_shardings is not None:  # split as the weights are, not whole on every device
+            zeros = jax.lax.with_sharding_constraint(zeros, state_shardings["params"])
+        (mean, grads), _ = jax.lax.scan(micro_step, (jnp.zeros((), jnp.float32), zeros),
+                                        micro_batches(batch, grad_accum_steps, layers))
+        return mean, grads
+
     def train(state: State, frozen, batch):
-        mean, grads = jax.value_and_grad(mean_loss)(state["params"], frozen, batch)
+        if grad_accum_steps == 1:
+            mean, grads = jax.value_and_grad(mean_loss)(state["params"], frozen, batch)
+        else:
+            mean, grads = accumulated_mean_loss_and_grads(state["params"], frozen, batch)
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
         new_state = {
             "step": state["step"] + 1,
@@ -88,6 +120,23 @@ def make_step_functions(
         train=jax.jit(train, donate_argnums=0, out_shardings=(state_shardings, None) if state_shardings else None),
         evaluate=jax.jit(evaluate),
     )
+
+
+def micro_batches(batch: dict, steps: int, layers: layers_lib.LayerOptions) -> dict:
+    """The global batch's arrays [B, L] as `steps` micro-batches [steps, B / steps, L]; micro-batch i holds rows
+    i, i + steps, i + 2 * steps, ... A device's rows of the global batch are contiguous, so each device's
+    B / devices rows split among the micro-batches where they are: every micro-batch stays spread over all
+    devices, nothing moves (trainer.run.mesh.check_batch: B / steps divides by the devices)."""
+
+    def constrain(array, spec):
+        return array if layers.mesh is None else jax.lax.with_sharding_constraint(array, NamedSharding(layers.mesh, spec))
+
+    def split(array):
+        rows, *rest = array.shape
+        interleaved = constrain(array.reshape(rows // steps, steps, *rest), PartitionSpec(layers.batch_axes))
+        return constrain(jnp.swapaxes(interleaved, 0, 1), PartitionSpec(None, layers.batch_axes))
+
+    return {key: split(array) for key, array in batch.items()}
 
 
 def fresh_state(params, optimizer: Optimizer) -> State:

@@ -81,3 +81,19 @@ def test_a_side_refused_even_at_batch_one_says_it_does_not_fit(monkeypatch):
     with pytest.raises(device_side.DoesNotFit, match="batch 1 does not fit .*RESOURCE_EXHAUSTED") as refusal:
         device_side.fitted("baseline", None, None, seq_len=8, batch=4, training="full", schedule=Schedule(0, 1, 1), log=lambda line: None)
     assert refusal.value.refused == [4, 2, 1]
+
+
+def test_the_bytes_bound_leaves_out_operands_in_on_chip_memory():
+    """The roofline's bytes are what the compiled program moves in HBM: a weight prefetched into the chip's
+    on-chip memory (S(1)) counts once, as it is read from HBM, not again as the operands XLA's cost analysis
+    counts there (tests/trainer/measure/test_hbm_traffic.py's v5e program)."""
+    from tests.trainer.measure.test_hbm_traffic import ON_CHIP
+    from trainer.run import hardware
+
+    v5e = hardware.CHIPS["TPU v5 lite"]
+    weight, adapter, tokens_grad, hidden_grad, adapter_grad = 6912 * 1152 * 2, 6912 * 16 * 4, 8192 * 1152 * 2, 8192 * 6912 * 2, 8192 * 16 * 2
+    in_hbm = weight + adapter + tokens_grad + 2 * hidden_grad + adapter_grad
+    bound = device_side.roofline(ON_CHIP, 1e9, v5e)
+    assert bound["hbm_bytes_per_step"] == in_hbm
+    assert (bound["bound_by"], bound["bytes_bound_s"]) == ("bytes", pytest.approx(in_hbm / v5e.hbm_bytes_per_s))
+    assert device_side.roofline(ON_CHIP, 1e9, None) == {"bound_s": None, "bound_by": None}

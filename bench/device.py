@@ -51,6 +51,7 @@ DRY_RUN_CASES = (Case("tiny", 64, 8),)
 SCHEDULE = (3, 4, 5)  # warm-up steps, repeats, steps per repeat
 DRY_RUN_SCHEDULE = (1, 2, 2)
 SIDES = ("ours", "baseline")
+TRAINER = "trainer"  # python -m trainer itself (bench.trainer_side): asked for with --side trainer
 TIME_LIMIT_S = 480
 MIN_SIDE_S = 45  # a side that cannot have this long before the limit is not started
 # A TPU can refuse a program started just after another ended (libtpu's lock file): a side that fails this
@@ -67,9 +68,13 @@ def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, a
     bench.device_side's flags."""
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
-        command = [sys.executable, "-m", "bench.device_side", "--side", side, "--model", case.model,
-                   "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule),
-                   "--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else []), *options]
+        if side == TRAINER:
+            command = [sys.executable, "-m", "bench.trainer_side", "--model", case.model, "--seq-len", str(case.seq_len),
+                       "--batch", str(case.batch), *options]
+        else:
+            command = [sys.executable, "-m", "bench.device_side", "--side", side, "--model", case.model,
+                       "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule), *options]
+        command += ["--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else [])]
         start = time.perf_counter()
         try:
             process = subprocess.run(command, timeout=timeout)
@@ -91,6 +96,15 @@ def ratio(results: dict) -> float | None:
     return None
 
 
+def trainer_over_ours(results: dict) -> float | None:
+    """The trainer's speed as a fraction of ours' at the same batch: the inverse ratio of their step times (their
+    data differ, chat rows against stories, so their token counts do not compare)."""
+    ours, trainer = results.get("ours", {}), results.get(TRAINER, {})
+    if "step_s" in ours and "step_s" in trainer and ours["batch"] == trainer["batch"]:
+        return ours["step_s"] / trainer["step_s"]
+    return None
+
+
 def percent(value) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
@@ -103,8 +117,13 @@ def print_table(cases: list[dict]) -> None:
     print("| model | seq | side | training | batch | useful tok/s | MFU | step | compiled step | device peak | bound | measured/bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
-        for side in SIDES:
+        for side in (*SIDES, TRAINER):
             r = case["sides"].get(side, {})
+            if not r:
+                continue
+            if side == TRAINER:
+                print_trainer_row(case, r)
+                continue
             if "step_s" not in r:
                 print(f"| {case['model']} | {case['seq_len']} | {side} | {r.get('skipped') or r.get('failed') or r.get('does_not_fit')} |||||||||")
                 continue
@@ -116,12 +135,24 @@ def print_table(cases: list[dict]) -> None:
                   f"{gib(r['compiled_step_bytes'])} | {gib(r['device_peak_bytes'])} | {bound} | {over} |")
         if case["ours_over_baseline"] is not None:
             print(f"  {case['model']} @ {case['seq_len']}: ours/baseline, useful tokens/s: {case['ours_over_baseline']:.2f}x")
+        if case.get("trainer_over_ours") is not None:
+            print(f"  {case['model']} @ {case['seq_len']}: python -m trainer / ours, steps per second: {case['trainer_over_ours']:.3f}x")
     for case in cases:
         for side, r in case["sides"].items():
             if "profile" in r:
                 rows = [step_profile.Row(**row) for row in r["profile"]]
                 print(step_profile.format_table(rows, title=f"{case['model']} @ {case['seq_len']}, {side} ({r['training']}, "
                                                               f"batch {r['batch']}): where a step's time goes"))
+
+
+def print_trainer_row(case: dict, r: dict) -> None:
+    """python -m trainer's row: its own throughput (tokens: non-padding positions of its chat rows) and the device's peak."""
+    if "step_s" not in r:
+        print(f"| {case['model']} | {case['seq_len']} | {TRAINER} | {r.get('skipped') or r.get('failed')} |||||||||")
+        return
+    training = f"{r['training']}, remat {r['remat']}, vocab chunk {r['vocab_chunk'] or 'none'}"
+    print(f"| {case['model']} | {case['seq_len']} | {TRAINER} | {training} | {r['batch']} | {r['tokens_per_s']:,.0f} "
+          f"(non-padding) | {percent(r['mfu'])} | {r['step_s'] * 1e3:.0f} ms | n/a | {gib(r['device_peak_bytes'])} | n/a | n/a |")
 
 
 @jax_entry_point("bench.device: ")
@@ -133,7 +164,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR, help="where the generated inputs are cached")
     parser.add_argument("--case", dest="cases", action="append", choices=[case_name(case) for case in CASES],
                         help="run only this case (repeatable; default all): one invocation's time limit rarely holds them all")
-    parser.add_argument("--side", dest="sides", action="append", choices=SIDES, help="measure only this side (default both)")
+    parser.add_argument("--side", dest="sides", action="append", choices=(*SIDES, TRAINER),
+                        help="measure only this side (default ours and baseline); trainer: python -m trainer itself on a chat "
+                        "JSONL, with ours' --training, --remat, --vocab-chunk and --batch")
+    parser.add_argument("--trainer-arg", dest="trainer_args", action="append", default=[],
+                        help="one more flag for the trainer side's python -m trainer, as --trainer-arg=--grad-accum-steps=4")
     parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
                         help="what ours trains: full (float32 state), lean (bfloat16 state), lora; auto: the first of these the compiler fits")
     parser.add_argument("--batch", type=int, help="start each side at this global batch (halved while it does not fit) "
@@ -144,6 +179,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     options = ["--training", args.training, "--remat", args.remat, "--vocab-chunk", args.vocab_chunk,
                *(["--profile"] if args.profile else []), *(["--exact-batch"] if args.batch else [])]
+    if TRAINER in (args.sides or ()) and args.training == "auto":
+        parser.error("--side trainer runs one setting: give --training (full, lean, lean-factored or lora)")
+    if TRAINER in (args.sides or ()) and not (args.batch or args.dry_run):
+        parser.error("--side trainer runs one setting: give --batch (the run's --batch-size)")
+    trainer_options = ["--training", args.training, "--remat", args.remat, "--vocab-chunk", str(args.vocab_chunk),
+                       *(f"--trainer-arg={flag}" for flag in args.trainer_args)]
     start = time.perf_counter()
     # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
     jax.config.update("jax_platforms", "cpu")
@@ -162,8 +203,10 @@ def main(argv=None) -> int:
                 continue
             print(f"[device] {case.model} @ {case.seq_len}, {side}: batch at most {case.batch}, {left:.0f} s left", flush=True)
             results[side] = run_side(side, case, schedule=DRY_RUN_SCHEDULE if args.dry_run else SCHEDULE,
-                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run, options=options)
-        cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results)})
+                                     workdir=args.workdir, timeout=left, accelerator=not args.dry_run,
+                                     options=trainer_options if side == TRAINER else options)
+        cases.append({**dataclasses.asdict(case), "sides": results, "ours_over_baseline": ratio(results),
+                      "trainer_over_ours": trainer_over_ours(results)})
     report = {"dry_run": args.dry_run, "time_limit_s": args.time_limit, "elapsed_s": time.perf_counter() - start,
               "jax": jax.__version__, "cases": cases}
     with replaced_atomically(args.out) as temporary:

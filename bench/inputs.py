@@ -13,6 +13,7 @@ import numpy as np
 
 from trainer.data import loader as data_lib
 from trainer import loop
+from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.corpus import SEPARATOR, write_corpus
 from trainer.data.formats import read_documents
 from trainer.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -42,6 +43,21 @@ def build_inputs(workdir, *, stories: int = loop.DEMO_STORIES, seed: int = 0) ->
     tokenizer = load_tokenizer(tokenizer_path)
     data = data_lib.open_data(str(corpus_path), tokenizer=tokenizer, cache_dir=str(workdir / "prepared"))
     return BenchInputs(corpus_path=corpus_path, tokenizer=tokenizer, data=data)
+
+
+CHAT_CONVERSATIONS = 20_000  # about 0.7M tokens: dozens of gemma3-1b steps of 8 x 1024 before a row repeats
+
+
+def build_chat_inputs(workdir, *, conversations: int = CHAT_CONVERSATIONS, seed: int = 0) -> tuple[pathlib.Path, pathlib.Path]:
+    """(chat JSONL, its tokenizer): what bench.trainer_side gives `python -m trainer`, built once per workdir
+    with the trainer's own generator (the `--preset tiny-chat` demo's) and tokenizer training."""
+    workdir = pathlib.Path(workdir) / f"chat-{conversations}-{seed}"
+    chat_path, tokenizer_path = workdir / "chat.jsonl", workdir / "tokenizer.model"
+    if not chat_path.exists():
+        write_chat_corpus(chat_path, num_conversations=conversations, seed=seed)
+    if not tokenizer_path.exists():
+        train_tokenizer(chat_path, tokenizer_path, vocab_size=loop.DEMO_VOCAB_SIZE, seed=seed)
+    return chat_path, tokenizer_path
 
 
 def length_distribution(inputs: BenchInputs, seq_len: int) -> str:

@@ -48,7 +48,8 @@ def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
     blocked = subprocess.run([sys.executable, "-c", "import gemma"], env=env, capture_output=True, text=True)
     assert "No module named 'gemma'" in blocked.stderr
     out = tmp_path / "figures.json"
-    run = subprocess.run([sys.executable, "-m", "bench.device", "--dry-run", "--profile", "--out", str(out), "--workdir", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "bench.device", "--dry-run", "--profile", "--out", str(out), "--workdir", str(tmp_path),
+                          "--side", "ours", "--side", "baseline", "--side", "trainer", "--training", "full"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "TPU_WORKER_HOSTNAMES" not in run.stdout + run.stderr
@@ -59,6 +60,12 @@ def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
         assert figures["compiled_step_bytes"] > 0
     assert case["ours_over_baseline"] > 0
     assert "ours/baseline, useful tokens/s" in run.stdout
+    # python -m trainer itself, as a user starts it, on a chat file: its steady step against ours' at the same batch
+    trainer = case["sides"]["trainer"]
+    assert trainer["batch"] == case["sides"]["ours"]["batch"] and trainer["reports"] >= 2, trainer
+    assert trainer["step_s"] > 0 and trainer["tokens_per_s"] > 0 and trainer["remat"] == case["sides"]["ours"]["remat"]
+    assert case["trainer_over_ours"] == pytest.approx(case["sides"]["ours"]["step_s"] / trainer["step_s"])
+    assert "python -m trainer / ours, steps per second" in run.stdout
     # --profile: per side, where a traced step's time went; on the CPU every operation is the step's own
     for side in ("ours", "baseline"):
         rows = {row["category"]: row for row in case["sides"][side]["profile"]}

@@ -200,6 +200,47 @@ def test_splash_tiles_divide_the_row_and_fuse_the_backward_only_on_short_rows():
     assert (tiles[8192].block_q_dq, tiles[1024].block_q_dq) == (512, None)
 
 
+def multi_tile_inputs(seq: int):
+    """One row of `seq` positions, four documents (one across every tile boundary of 128) and padding; two
+    heads of 16 sharing one key/value head: the smallest work that still crosses tiles."""
+    segments, positions = np.zeros((1, seq), np.int32), np.zeros((1, seq), np.int32)
+    cuts = (0, 100, 140, seq - 100, seq - 20)
+    for doc, (start, end) in enumerate(zip(cuts, cuts[1:]), start=1):
+        segments[0, start:end], positions[0, start:end] = doc, np.arange(end - start)
+    q, k, v = jax.random.split(jax.random.key(4), 3)
+    query = jax.random.normal(q, (1, seq, 2, 16)) * 16**-0.5
+    key, value = (jax.random.normal(part, (1, seq, 1, 16)) for part in (k, v))
+    return (query, key, value), jnp.asarray(segments), jnp.asarray(positions)
+
+
+@pytest.mark.parametrize("seq, fused, window, backward_kernels", [
+    (256, None, None, ("_dkv_",)),  # two tiles of 128: the fused backward (FUSED_BACKWARD_MAX_TILES)
+    (384, None, 100, ("_dq_", "_dkv_")),  # three tiles: the query gradient's kernel and the key/value's
+    (384, True, 100, ("_dkv_",)),  # the fused backward over three tiles, its query gradient summed over them
+], ids=["fused-2-tiles", "two-kernels-3-tiles-window", "fused-3-tiles-window"])
+def test_splash_over_several_tiles_has_the_dense_masks_gradients(seq, fused, window, backward_kernels):
+    """The model's rows are one tile (SEQ) above; here tiles of 128 (splash_block_sizes' `largest`), so the
+    backward runs over several: the fused kernel, which writes a query gradient per key/value tile and sums
+    them, and the two kernels that rows of more than FUSED_BACKWARD_MAX_TILES tiles take. Gradients of the
+    queries, keys and values equal the dense mask's at the documents' positions."""
+    assert layers.FUSED_BACKWARD_MAX_TILES == 2  # the cases above name the kernels for this limit
+    (query, key, value), segments, positions = multi_tile_inputs(seq)
+    tiles = layers.splash_block_sizes(seq, 128, fused_backward=fused)
+    assert (tiles.block_q, tiles.block_kv_dkv, tiles.use_fused_bwd_kernel) == (128, 128, "_dq_" not in backward_kernels)
+    splash = lambda *x: layers.splash_attention(*x, segments, window=window, interpret=True, block_sizes=tiles)  # noqa: E731
+    out, pullback = jax.vjp(splash, query, key, value)
+    cotangent = jax.random.normal(jax.random.key(5), out.shape)
+    dense_out, dense_pullback = jax.vjp(lambda *x: dense_attention(*x, positions, segments, window=window), query, key, value)
+    real = np.asarray(segments[0] > 0)
+    np.testing.assert_allclose(np.asarray(out)[0, real], np.asarray(dense_out)[0, real], atol=2e-5, rtol=1e-4)
+    cotangent = cotangent * (segments > 0)[..., None, None]  # padding's outputs are nobody's
+    for grad, dense in zip(pullback(cotangent), dense_pullback(cotangent)):
+        np.testing.assert_allclose(np.asarray(grad)[0, real], np.asarray(dense)[0, real], atol=2e-5, rtol=1e-4)
+    gradient = jax.make_jaxpr(lambda *x: pullback(cotangent))(query)
+    kernels = [str(e.params["name"]) for e in equations(gradient.jaxpr) if e.primitive.name == "pallas_call"]
+    assert sorted(kind for kind in ("_dq_", "_dkv_") if any(kind in name for name in kernels)) == sorted(backward_kernels), kernels
+
+
 def test_the_options_table_names_the_policies_there_are():
     from trainer import config
     from trainer.run import step

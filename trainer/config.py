@@ -72,6 +72,7 @@ class TrainConfig:
     on_bad_row: str = formats.FAIL  # a raw --data file's unusable rows: fail or skip (counted)
     seq_len: int = 256
     batch_size: int = 128  # global, over all processes
+    grad_accum_steps: int = 1  # micro-batches a step runs the global batch as, one after another
     steps: int | None = None  # None: train `epochs` passes over the data
     epochs: int = 1
     lr: float = 2e-5
@@ -285,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"empty, too long, no model turn): stop naming its line (fail) or leave it out, counted in the log (skip) (default {d.on_bad_row})")
     add("--seq-len", type=_positive_int, help=f"tokens per packed row (default {d.seq_len})")
     add("--batch-size", type=_positive_int, help=f"global batch size in rows, over all processes (default {d.batch_size})")
+    add("--grad-accum-steps", type=_positive_int, help="run each step's global batch as this many micro-batches of "
+        "--batch-size / N rows, one after another, and update once with the gradient of the whole batch (its tokens' mean): "
+        "a global batch whose activations do not fit at once, at the cost of N sequential passes; --batch-size / N must "
+        f"divide by the devices (default {d.grad_accum_steps})")
     add("--steps", type=_positive_int, help="training steps; when unset, --epochs passes over the data")
     add("--epochs", type=_positive_int, help=f"passes over the data when --steps is unset (default {d.epochs})")
     add("--lr", type=_positive_float, help=f"peak learning rate (default {d.lr})")
@@ -432,6 +437,9 @@ def _run_length(layers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _check_consistency(config: TrainConfig) -> None:
+    if config.batch_size % config.grad_accum_steps:
+        raise UserError(f"--batch-size {config.batch_size} does not split into --grad-accum-steps {config.grad_accum_steps} "
+                        "micro-batches: give a batch size that is a multiple of the accumulation steps")
     if config.model == "tiny" and config.weights == "official":
         raise UserError("--model tiny has no official weights: use --weights random or a checkpoint path")
     if not config.lora_rank and set(config.publish_parts) - {contract.PUBLISHED_MODEL_DIR}:

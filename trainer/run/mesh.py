@@ -236,12 +236,19 @@ def build_mesh(requested: Mapping[str, int], *, slices: int = 1, devices=None) -
     return Mesh(device_array, BATCH_AXES)
 
 
-def check_batch(batch_size: int, mesh: Mesh) -> None:
-    """--batch-size must split evenly over the mesh's devices and the processes (hosts) that hold them."""
+def check_batch(batch_size: int, mesh: Mesh, *, grad_accum_steps: int = 1) -> None:
+    """--batch-size must split evenly over the mesh's devices and the processes (hosts) that hold them, and with
+    --grad-accum-steps so must each micro-batch over the devices (every one runs its share of every micro-batch)."""
     processes = len({device.process_index for device in mesh.devices.flat})
     for divisor, what in ((mesh.size, f"the {mesh.size} devices"), (processes, f"the {processes} processes")):
         if batch_size % divisor:
             raise UserError(f"--batch-size {batch_size} must be a multiple of {what}")
+    micro_batch = batch_size // grad_accum_steps
+    if batch_size % grad_accum_steps or micro_batch % mesh.size:
+        fewer = [steps for steps in range(grad_accum_steps - 1, 0, -1) if batch_size % (steps * mesh.size) == 0][0]
+        raise UserError(f"--batch-size {batch_size} as --grad-accum-steps {grad_accum_steps} micro-batches of "
+                        f"{batch_size / grad_accum_steps:g} rows: a micro-batch must be a multiple of the {mesh.size} devices; "
+                        f"give a --batch-size that is a multiple of {grad_accum_steps * mesh.size}, or --grad-accum-steps {fewer}")
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

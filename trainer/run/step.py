@@ -194,6 +194,7 @@ class RunStep:
     vocab_chunk: int | None
     layers: layers_lib.LayerOptions
     functions: StepFunctions
+    grad_accum_steps: int = 1  # --grad-accum-steps: micro-batches a step runs in sequence
 
     def shard(self, tree):
         """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.run.mesh)."""
@@ -203,7 +204,8 @@ class RunStep:
         """The same step with another rematerialisation policy and vocabulary chunk."""
         layers = dataclasses.replace(self.layers, remat=remat)
         functions = make_step_functions(self.model, self.optimizer, compute_dtype=self.compute_dtype, softcap=self.softcap,
-                                        vocab_chunk=vocab_chunk, state_shardings=self.state_shardings, layers=layers)
+                                        vocab_chunk=vocab_chunk, state_shardings=self.state_shardings, layers=layers,
+                                        grad_accum_steps=self.grad_accum_steps)
         return dataclasses.replace(self, vocab_chunk=vocab_chunk, layers=layers, functions=functions)
 
 
@@ -220,13 +222,19 @@ def build_run_step(config, model_config, device_mesh, *, total_steps: int, compu
     layers = layers_lib.LayerOptions(attention=attention, remat=remat_candidates(config.remat)[0], mesh=device_mesh,
                                      batch_axes=mesh.BATCH_AXES, interpret=layers_lib.interpreted(attention, platform))
     state_shardings = mesh.state_shardings(device_mesh, jax.eval_shape(functools.partial(fresh_state, optimizer=optimizer), trained))
-    chunk = vocab_chunk.fixed(config.vocab_chunk, tokens_per_chip=config.batch_size * config.seq_len // device_mesh.size,
+    chunk = vocab_chunk.fixed(config.vocab_chunk, tokens_per_chip=micro_batch_size(config) * config.seq_len // device_mesh.size,
                               vocab_size=model_config.num_embed)
     functions = make_step_functions(model, optimizer, compute_dtype=compute_dtype, softcap=model_config.final_logit_softcap,
-                                    vocab_chunk=chunk, state_shardings=state_shardings, layers=layers)
+                                    vocab_chunk=chunk, state_shardings=state_shardings, layers=layers,
+                                    grad_accum_steps=config.grad_accum_steps)
     return RunStep(model=model, optimizer=optimizer, optimizer_config=optimizer_settings, compute_dtype=compute_dtype,
                    device_mesh=device_mesh, softcap=model_config.final_logit_softcap, state_shardings=state_shardings,
-                   vocab_chunk=chunk, layers=layers, functions=functions)
+                   vocab_chunk=chunk, layers=layers, functions=functions, grad_accum_steps=config.grad_accum_steps)
+
+
+def micro_batch_size(config) -> int:
+    """The rows the model runs at once: --batch-size over --grad-accum-steps (the loss head sees these tokens)."""
+    return config.batch_size // config.grad_accum_steps
 
 
 def remat_candidates(requested: str) -> tuple[str, ...]:
@@ -240,7 +248,7 @@ def chunk_candidates(run_step: RunStep, config, model_config) -> tuple[vocab_chu
     platform = run_step.device_mesh.devices.flat[0].platform
     if config.vocab_chunk != "auto" or platform != "tpu" or len(vocab_chunk.candidates(model_config.num_embed)) == 1:
         return (None,)
-    heads = vocab_chunk.ranked(run_step.device_mesh, run_step.compute_dtype, tokens=config.batch_size * config.seq_len,
+    heads = vocab_chunk.ranked(run_step.device_mesh, run_step.compute_dtype, tokens=micro_batch_size(config) * config.seq_len,
                                embed_dim=model_config.embed_dim, vocab_size=model_config.num_embed, softcap=run_step.softcap)
     return heads or (None,)  # no head fits alone: the step's own refusal says by how much
 

@@ -1,14 +1,23 @@
 """--grad-accum-steps: the train step as micro-batches equals the step over the whole global batch."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from trainer.model import models
-from trainer.run import step
+from trainer.errors import UserError
+from trainer.run import mesh, step
 from trainer.run import optimizer as optimizer_lib
 
+REPO = pathlib.Path(__file__).resolve().parents[3]
 ROWS, LENGTH, VOCAB = 8, 16, 64
 # bfloat16 keeps 8 bits of mantissa: two ways of summing the same gradients in it differ by about 2^-8 of a leaf.
 TOLERANCE = 2e-2
@@ -81,3 +90,44 @@ def test_four_micro_batches_update_the_weights_as_one_batch_does(tiny):
     # The updates, not the weights they move (whose norms would hide a wrong update).
     moved = lambda state: jax.tree.map(lambda new, old: new - old, state["params"], params)  # noqa: E731
     _assert_close(moved(accumulated), moved(one_pass))
+
+
+def test_each_micro_batch_stays_spread_over_the_mesh_without_moving_rows():
+    """On 4 devices (data=2, fsdp=2) the step with 2 micro-batches has the one pass's collectives: no device
+    gathers the batch's rows (splitting the rows into halves, [N, B / N], would gather each array) and the
+    gradients agree."""
+    result = subprocess.run([sys.executable, "-m", "tests.trainer.run.grad_accum_mesh_run"], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+                                                          "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[-1])
+    assert record["collectives"]["2"] == record["collectives"]["1"]
+    assert record["gradient_error"] < 1e-4
+
+
+def test_the_flag_and_its_yaml_key_and_what_they_refuse(tmp_path):
+    from trainer.config import parse_config
+
+    base = ["--model", "gemma3-270m", "--weights", "random", "--data", "x"]
+    assert parse_config(base).grad_accum_steps == 1
+    assert parse_config([*base, "--batch-size", "32", "--grad-accum-steps", "4"]).grad_accum_steps == 4
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("batch_size: 24\ngrad_accum_steps: 3\n")
+    assert parse_config([*base, "--config", str(yaml_file)]).grad_accum_steps == 3
+    with pytest.raises(UserError, match=r"^argument --grad-accum-steps: expected a positive integer, got '0'"):
+        parse_config([*base, "--grad-accum-steps", "0"])
+    with pytest.raises(UserError, match=r"^--batch-size 6 does not split into --grad-accum-steps 4 micro-batches: give a batch "
+                                        r"size that is a multiple of the accumulation steps$"):
+        parse_config([*base, "--batch-size", "6", "--grad-accum-steps", "4"])
+
+
+def test_each_micro_batch_must_divide_over_the_devices():
+    eight_chips = types.SimpleNamespace(size=8, devices=np.array([types.SimpleNamespace(process_index=i // 4) for i in range(8)]))
+    mesh.check_batch(64, eight_chips, grad_accum_steps=8)  # micro-batches of 8 rows, one a chip
+    with pytest.raises(UserError, match=r"^--batch-size 64 as --grad-accum-steps 16 micro-batches of 4 rows: a micro-batch must "
+                                        r"be a multiple of the 8 devices; give a --batch-size that is a multiple of 128, or "
+                                        r"--grad-accum-steps 8$"):
+        mesh.check_batch(64, eight_chips, grad_accum_steps=16)
+    with pytest.raises(UserError, match=r"^--batch-size 48 as --grad-accum-steps 4 micro-batches of 12 rows: .* a multiple of "
+                                        r"32, or --grad-accum-steps 3$"):
+        mesh.check_batch(48, eight_chips, grad_accum_steps=4)

@@ -3,7 +3,15 @@
 No model is built: the counts follow the parameter shapes of trainer.gemma3.model, and the tests
 check them against an initialised model. Only the text decoder is
 counted; the trainer builds its models text-only, without a vision encoder.
+
+Attention is counted per token over the whole row (training_flops_per_token), or, from a batch's
+segment ids, within each packed document (attention_flops): packed rows hold documents of a few
+hundred tokens, so the row's count credits attention the step never did.
 """
+
+import dataclasses
+
+import numpy as np
 
 from trainer.gemma3.config import Attention
 
@@ -58,6 +66,59 @@ def attention_context(attention_type, seq_len: int, sliding_window_size: int | N
     return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
 
 
+def _window(attention_type, sliding_window_size: int | None) -> int | None:
+    """The keys a query of this layer kind sees at most (None: all before it)."""
+    return sliding_window_size if attention_type is Attention.LOCAL and sliding_window_size else None
+
+
+def weight_flops_per_token(config, *, lora_rank: int = 0) -> float:
+    """The matmuls with the weights, forward and backward (6N; 4N with LoRA): training_flops_per_token
+    without attention."""
+    return (4 if lora_rank else 6) * param_count(config)
+
+
+def document_lengths(segment_ids) -> np.ndarray:
+    """The lengths of the documents packed into rows of segment ids [B, L] (runs of one id; 0 is padding)."""
+    segments = np.asarray(segment_ids)
+    segments = segments.reshape(-1, segments.shape[-1])
+    padded = np.pad(segments, ((0, 0), (1, 1)))  # a boundary before and after each row
+    starts = np.flatnonzero((padded[:, 1:] != padded[:, :-1]).ravel())
+    runs = np.diff(starts)
+    first_ids = padded[:, 1:].ravel()[starts[:-1]]
+    return runs[first_ids != 0]
+
+
+def causal_pairs(lengths, window: int | None) -> float:
+    """(query, key) pairs of causal attention within sequences of these lengths: a query at i sees i + 1
+    keys, at most `window`."""
+    lengths = np.asarray(lengths, np.float64)
+    seen = lengths if window is None else np.minimum(lengths, window)
+    return float(np.sum(seen * (seen + 1) / 2 + (lengths - seen) * seen))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFlops:
+    """A batch's attention FLOPs in training (forward and backward, every layer): over the whole row, as
+    training_flops_per_token counts them, and within each document, which is what packed rows compute
+    usefully (the kernels skip the other documents' keys; the dense mask zeroes them)."""
+
+    rows: float
+    documents: float
+
+
+def attention_flops(config, segment_ids) -> AttentionFlops:
+    """AttentionFlops of rows of segment ids [B, L]: a query attends to the keys up to itself (in the
+    row, or in its document), a sliding-window layer to at most its window; 4 x heads x head width FLOPs a
+    pair forward, 3x that with the backward pass. Padding (segment 0) attends within no document."""
+    segments = np.asarray(segment_ids)
+    rows, seq_len = segments.reshape(-1, segments.shape[-1]).shape
+    lengths = document_lengths(segments)
+    per_pair = 3 * 4 * config.num_heads * config.head_dim
+    windows = [_window(kind, config.sliding_window_size) for kind in config.attention_types]
+    return AttentionFlops(rows=per_pair * rows * sum(causal_pairs([seq_len], window) for window in windows),
+                          documents=per_pair * sum(causal_pairs(lengths, window) for window in windows))
+
+
 def training_flops_per_token(config, seq_len: int, *, lora_rank: int = 0) -> float:
     """FLOPs of one training step divided by the tokens in it, for rows of `seq_len` tokens.
 
@@ -69,12 +130,11 @@ def training_flops_per_token(config, seq_len: int, *, lora_rank: int = 0) -> flo
     gradient, so 4N + 3 x attention; the adapters (well under 1% of N) are left out. A causal
     query attends to the keys up to itself, and a sliding-window layer to at most its window.
     """
-    weight_multiplier = 4 if lora_rank else 6
     attention_forward = sum(
         4 * config.num_heads * config.head_dim * attention_context(kind, seq_len, config.sliding_window_size)
         for kind in config.attention_types
     )
-    return weight_multiplier * param_count(config) + 3 * attention_forward
+    return weight_flops_per_token(config, lora_rank=lora_rank) + 3 * attention_forward
 
 
 def model_flops_utilization(

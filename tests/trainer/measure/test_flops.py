@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import numpy as np
 import pytest
 from trainer.model import models
 from trainer.gemma3.config import Attention, Gemma3Config
@@ -88,3 +89,33 @@ def test_lora_skips_the_frozen_weight_gradients():
     full = flops.training_flops_per_token(GEMMA3_270M, 256)
     lora = flops.training_flops_per_token(GEMMA3_270M, 256, lora_rank=8)
     assert full - lora == pytest.approx(2 * flops.param_count(GEMMA3_270M))
+
+
+def _mask_pairs(segments, window):
+    """(query, key) pairs the dense mask of packed rows lets through: same document, causal, in the window."""
+    pairs = 0
+    for row in np.asarray(segments):
+        for q in range(len(row)):
+            for k in range(q + 1):
+                pairs += bool(row[q] and row[q] == row[k] and (window is None or q - k < window))
+    return pairs
+
+
+def test_attention_within_documents_counts_the_pairs_the_packed_mask_lets_through():
+    """Three documents (one longer than the 8-token window) and padding in one row, one document over the
+    whole of another: within documents, each layer's pairs are the mask's; over the row, they are what
+    training_flops_per_token counts, the same as within documents only for the row that is one document."""
+    config = small_config(num_layers=7)  # local layers (window 8) and a global one
+    segments = np.array([[1] * 11 + [2] * 3 + [3] * 5 + [0] * 5, [7] * 24])
+    counted = flops.attention_flops(config, segments)
+    per_pair = 3 * 4 * config.num_heads * config.head_dim
+    windows = [config.sliding_window_size if kind is Attention.LOCAL else None for kind in config.attention_types]
+    assert None in windows and 8 in windows
+    assert counted.documents == per_pair * sum(_mask_pairs(segments, window) for window in windows)
+    whole_row = per_pair * sum(_mask_pairs(np.ones((2, 24), int), window) for window in windows)
+    assert counted.rows == whole_row == pytest.approx(
+        (flops.training_flops_per_token(config, 24) - flops.weight_flops_per_token(config)) * 2 * 24)
+    one_document = flops.attention_flops(config, segments[1:])
+    assert one_document.documents == one_document.rows == counted.rows / 2
+    assert counted.documents < 0.75 * counted.rows
+    assert list(flops.document_lengths(segments)) == [11, 3, 5, 24]

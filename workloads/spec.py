@@ -163,8 +163,10 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     key = prepared_key(run)
     tpu = replace(config.tpu, slices=run.slices)
     # Other prepared data is another run (the same key as before for the default preparation).
-    # fsdp, precision and the local tier count only when set, so that runs of stacks that set none keep their names.
-    identity = {"training": _without_unset(asdict(training), "fsdp", "precision", "local_checkpoint_interval"), "image": image,
+    # fsdp, precision, the local tier and gradient accumulation count only when set, so that runs of stacks that set
+    # none keep their names.
+    identity = {"training": _without_unset(asdict(training), "fsdp", "precision", "local_checkpoint_interval", "grad_accum_steps"),
+                "image": image,
                 "tpu": asdict(tpu)}
     if run.preparation != PreparationConfig():
         identity["prepared"] = key

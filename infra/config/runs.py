@@ -91,6 +91,13 @@ def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spe
             f"{section.key('batchSize')} is {run.training.batch_size}; it must be divisible by the "
             f"{hosts} hosts of {run.slices} x {slice_spec.topology} slices (each host loads an equal share)"
         )
+    accumulation, chips = run.training.grad_accum_steps or 1, slice_spec.chips * run.slices
+    if accumulation > 1 and run.training.batch_size % (accumulation * chips):
+        raise ConfigError(
+            f"{section.key('gradAccumSteps')} is {accumulation}; batchSize {run.training.batch_size} must split into that many "
+            f"micro-batches, each a multiple of the {chips} chips of {run.slices} x {slice_spec.topology} slices: give a batchSize "
+            f"that is a multiple of {accumulation * chips}, or fewer gradAccumSteps"
+        )
     if run.training.fsdp and slice_spec.chips % run.training.fsdp:
         divisors = ", ".join(str(size) for size in range(1, slice_spec.chips + 1) if slice_spec.chips % size == 0)
         raise ConfigError(

@@ -64,6 +64,9 @@ TRAINER_OPTIONS = (
                   unset_when_default=True, what="float32, or lean: bfloat16 weights and AdamW state, 8 bytes a trained "
                   "parameter instead of 16, updates rounded stochastically; or lean-factored: lean with each matrix's second "
                   "moment as row and column means, about 6 (`fit` says when only a lean one fits)"),
+    TrainerOption(key="gradAccumSteps", field="grad_accum_steps", option="grad_accum_steps", kind="integer", minimum=1,
+                  unset_when_default=True, what="micro-batches a step runs batchSize as, one after another, updating once: "
+                  "a global batch larger than fits at once, at N passes a step; batchSize / gradAccumSteps must divide by the chips"),
 )  # fmt: skip
 
 
@@ -91,6 +94,7 @@ class TrainingConfig:
     fsdp: int | None = None  # the FSDP group inside a slice; None: all its chips (`python -m workloads fit --splits` compares)
     precision: str | None = None  # --precision; None: the trainer's default (float32)
     local_checkpoint_interval: str | None = None  # --local-checkpoint-interval (auto or steps); None: no local tier
+    grad_accum_steps: int | None = None  # --grad-accum-steps; None: the trainer's default (1, no accumulation)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,10 +170,11 @@ def parse_preparation(section: Section) -> PreparationConfig:
 
 def _read_option(section: Section, option: TrainerOption) -> Any:
     if option.kind == "integer":
-        return section.integer(option.key, option.default, minimum=option.minimum, maximum=option.maximum)
-    if option.kind == "number":
+        value = section.integer(option.key, option.default, minimum=option.minimum, maximum=option.maximum)
+    elif option.kind == "number":
         return section.number(option.key, option.default, above=option.above, maximum=option.maximum)
-    value = section.text(option.key, option.default, option.choices)
+    else:
+        value = section.text(option.key, option.default, option.choices)
     return None if option.unset_when_default and value == option.default else value
 
 

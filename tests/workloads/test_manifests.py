@@ -314,6 +314,9 @@ def test_run_name_changes_with_the_training_config_or_image_and_only_then():
     assert spec_of(config).name == base.name
     assert spec_of(edited_config("multihost", training={"learningRate": 1e-4})).name != base.name
     assert spec_of(config, image=IMAGE.replace("0123", "4567")).name != base.name
+    # A key added since (gemma-tpu:training.gradAccumSteps) names the run only when it is not the trainer's default.
+    assert spec_of(edited_config("multihost", training={"gradAccumSteps": 1})).name == base.name
+    assert spec_of(edited_config("multihost", training={"gradAccumSteps": 2})).name != base.name
     renamed = spec_of(edited_config("multihost", training={"runName": "other"}))
     assert renamed.name.startswith("other-")
     # The prepared data depends on the corpus only: a new run reuses it.

@@ -152,3 +152,23 @@ def test_a_local_tier_that_does_not_fit_the_hosts_memory_is_refused_with_its_fig
     # gemma3-27b: not even lean-factored's tier (4 bytes a parameter: 201 GiB) fits beside the trainer; only LoRA is named.
     with pytest.raises(ConfigError, match=r"over the 160 GiB the trainer has there; set loraRank, or remove localCheckpointInterval"):
         parse(tpu=v5e, training={"model": "gemma3-27b", "batchSize": 8, "localCheckpointInterval": "auto"})
+
+
+def test_gradient_accumulation_is_passed_only_when_set_and_its_micro_batches_must_divide_over_the_chips():
+    from infra.config.training import trainer_flags
+    from trainer.config import parse_config
+
+    accumulation = lambda **training: parse(training=training).runs[0].training  # noqa: E731
+    for unset in (accumulation(), accumulation(gradAccumSteps=1)):  # the trainer's default: no flag, the run's name unchanged
+        assert unset.grad_accum_steps is None and "--grad-accum-steps" not in trainer_flags(unset)
+    four = accumulation(batchSize=64, gradAccumSteps=4)
+    assert parse_config([*trainer_flags(four), "--data", "corpus.txt"]).grad_accum_steps == 4
+    for bad, error in ((0, "is 0; it must be at least 1"), ("many", "must be an integer, got 'many'"), (True, "must be an integer, got True")):
+        with pytest.raises(ConfigError, match=rf"^gemma-tpu:training.gradAccumSteps {error}$"):
+            accumulation(gradAccumSteps=bad)
+    v5e = {"accelerator": "v5e", "topology": "2x4"}
+    parse(tpu=v5e, training={"batchSize": 64, "gradAccumSteps": 8})  # micro-batches of 8 rows, one a chip
+    with pytest.raises(ConfigError, match=r"^gemma-tpu:training.gradAccumSteps is 16; batchSize 64 must split into that many "
+                                          r"micro-batches, each a multiple of the 8 chips of 1 x 2x4 slices: give a batchSize "
+                                          r"that is a multiple of 128, or fewer gradAccumSteps$"):
+        parse(tpu=v5e, training={"batchSize": 64, "gradAccumSteps": 16})

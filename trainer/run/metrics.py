@@ -37,10 +37,11 @@ _SCREEN_LABELS = {
     "tokens_per_sec_per_device": "tok/s/dev",
     "step_time_s": "s/step",
     "eval_perplexity": "eval_ppl",
+    "mfu_documents": "mfu_docs",
 }
 _BAR_WIDTH = 20
 # Shown as percentages.
-_SCREEN_SHARES = ("mfu", contract.GOODPUT_KEY)
+_SCREEN_SHARES = ("mfu", "mfu_documents", contract.GOODPUT_KEY)
 # In the record only: the badput breakdown would crowd the line (`python -m trainer.goodput` prints it).
 _OFF_SCREEN = frozenset(contract.BADPUT_KEYS.values())
 

@@ -26,7 +26,7 @@ from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
 from bench.stats import spread
-from bench.throughput import Schedule, measure
+from bench.throughput import Schedule, measure, mfu_figures
 from trainer import config as config_lib
 from trainer.model import models
 from trainer.run import hbm, mesh
@@ -186,8 +186,7 @@ def run(args) -> dict:
         "useful_tokens_per_s": repeats.useful_tokens_per_sec, "positions_per_s": repeats.positions_per_sec,
         "padding": repeats.padding_fraction,
         # MFU of the useful tokens (what a user's data gets), and of every position computed, padding included
-        "mfu": flops.model_flops_utilization(repeats.useful_tokens_per_sec / jax.device_count(), flops_per_token, peak),
-        "mfu_all_positions": flops.model_flops_utilization(repeats.positions_per_sec / jax.device_count(), flops_per_token, peak),
+        **mfu_figures(repeats, flops_per_token, peak),
         "model_flops_per_step": flops_per_token * positions_per_step,
         "compiler_flops_per_step": costs.get("flops"), "compiler_bytes_per_step": costs.get("bytes accessed"),
         **bound, "measured_over_bound": step_s / bound["bound_s"] if bound["bound_s"] else None,

@@ -99,17 +99,27 @@ def measure(sides: list[Side], schedule: Schedule, log=print) -> dict[str, Repea
     return results
 
 
+def mfu_figures(repeats: Repeats, flops_per_token: float, peak: float | None) -> dict:
+    """The benchmark's MFU, as bench.throughput and bench.device_side both report it: `mfu` of the useful
+    tokens (what a user's data gets; padding computed is not counted), `mfu_all_positions` of every
+    position computed, padding included (the trainer's own `mfu` counts so)."""
+    devices = jax.device_count()
+    return {"mfu": flops.model_flops_utilization(repeats.useful_tokens_per_sec / devices, flops_per_token, peak),
+            "mfu_all_positions": flops.model_flops_utilization(repeats.positions_per_sec / devices, flops_per_token, peak)}
+
+
 def report(sides: list[Side], results: dict[str, Repeats], *, flops_per_token: float, out=sys.stdout) -> float:
     """Prints one line per side and the ratio; returns the ratio ours/baseline of useful tokens/s."""
     device = jax.devices()[0]
     peak = hardware.peak_bf16_flops(device.device_kind)
     for side in sides:
         r = results[side.name]
-        mfu = flops.model_flops_utilization(r.positions_per_sec / jax.device_count(), flops_per_token, peak)
+        mfu = mfu_figures(r, flops_per_token, peak)
+        percent = lambda share: "n/a" if share is None else f"{share:.1%}"  # noqa: E731
         print(f"  {side.name:8s} batch {side.batch_size} | useful {r.useful_tokens_per_sec:10,.0f} tok/s | all {r.positions_per_sec:10,.0f} tok/s | "
               f"padding {r.padding_fraction:5.1%} | step {statistics.median(r.step_times) * 1e3:8.1f} ms median, "
               f"spread {spread(r.step_times):4.0%} over {len(r.step_times)} repeats | "
-              f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'} | step memory {mib(side.step_memory_bytes())} | "
+              f"MFU of useful tokens {percent(mfu['mfu'])} (all positions {percent(mfu['mfu_all_positions'])}) | step memory {mib(side.step_memory_bytes())} | "
               f"compile {side.compile_s:.1f} s | truncated away {side.truncated_fraction():.0%}", file=out)
     baseline = results["baseline"]
     for side in sides:

@@ -97,3 +97,27 @@ def test_the_bytes_bound_leaves_out_operands_in_on_chip_memory():
     assert bound["hbm_bytes_per_step"] == in_hbm
     assert (bound["bound_by"], bound["bytes_bound_s"]) == ("bytes", pytest.approx(in_hbm / v5e.hbm_bytes_per_s))
     assert device_side.roofline(ON_CHIP, 1e9, None) == {"bound_s": None, "bound_by": None}
+
+
+def test_both_benchmarks_report_mfu_of_the_useful_tokens_and_name_it(monkeypatch):
+    """bench.device_side's figures and bench.throughput's line take MFU from one definition: of the useful
+    tokens (padding not counted), with every position's beside it, each named in the output."""
+    import io
+    import types
+
+    from bench import throughput
+    from bench.stats import Repeats
+
+    ours, baseline = Repeats(), Repeats()
+    ours.add(2.0, useful_tokens=600, positions=1000, steps=2)
+    baseline.add(2.0, useful_tokens=500, positions=1000, steps=2)
+    peak, per_token = 1e6, 1e3
+    figures = throughput.mfu_figures(ours, per_token, peak)
+    assert figures == {"mfu": pytest.approx(300 * per_token / peak), "mfu_all_positions": pytest.approx(500 * per_token / peak)}
+    assert device_side.mfu_figures is throughput.mfu_figures
+    monkeypatch.setattr(throughput.hardware, "peak_bf16_flops", lambda kind: peak)
+    side = lambda name: types.SimpleNamespace(name=name, batch_size=4, compile_s=1.0, step_memory_bytes=lambda: 2**20,  # noqa: E731
+                                              truncated_fraction=lambda: 0.0)
+    out = io.StringIO()
+    throughput.report([side("ours"), side("baseline")], {"ours": ours, "baseline": baseline}, flops_per_token=per_token, out=out)
+    assert "MFU of useful tokens 30.0% (all positions 50.0%)" in out.getvalue().splitlines()[0]

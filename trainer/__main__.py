@@ -29,10 +29,10 @@ def main(argv=None, *, started: float | None = None) -> int | None:
     except jax.errors.JaxRuntimeError as error:
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise
-        raise UserError(
-            f"out of device memory ({str(error).splitlines()[0][:200]}); lower --batch-size or --seq-len, "
-            "train adapters only with --lora-rank, or shard the state over more devices with --mesh fsdp=N"
-        ) from None
+        from trainer.run import device_memory
+
+        raise UserError(f"out of device memory ({str(error).splitlines()[0][:200]}); "
+                        f"{device_memory.advice(config, jax.device_count())}") from None
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from trainer import shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
-from trainer.run import checkpoint, local_checkpoints, mesh, step
+from trainer.run import checkpoint, device_memory, local_checkpoints, mesh, step
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
@@ -156,6 +156,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
             ),
             preemption=preemption, events=events, local_checkpoints=local,
         )
+        footprint = device_memory.before_first_step(compiled_train, state, frozen)  # None on the CPU
+        device_memory.check(footprint, config)
+        if footprint is not None:
+            reporter.text("memory", start_step, footprint.line())
         events.mark("ready", start_step=start_step)
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
@@ -313,6 +317,8 @@ class _StepLoop:
                 report = {"loss": values["loss"], "learning_rate": float(self.schedule(step_number - 1)), "grad_norm": values["grad_norm"]}
                 report["batch"] = batch_digest(local_batch)
                 report.update(self.throughput.measure())
+                if (peak := device_memory.peak_bytes()) is not None:
+                    report["device_peak_bytes"] = peak
                 final = {"step": step_number, **report}
                 self.events.flush()
                 if attempts := self.events.attempts():

@@ -169,8 +169,9 @@ CASES = (
            error="--batch-size 1000: 400 training documents cannot fill 1000 batch rows; lower the batch size or add documents"),
     BadRun(section=FLAGS, case="rows too long for the memory", args=("--seq-len", "100000", "--compute-dtype", "float32"),
            error="out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating 8352166280388 bytes.); lower "
-           "--batch-size or --seq-len, train adapters only with --lora-rank, or shard the state over more devices "
-           "with --mesh fsdp=N"),
+           "--batch-size or --seq-len, --remat full (recompute each block in the backward pass), --precision lean-factored "
+           "(about 6 bytes a trained parameter against float32's 16), train adapters only with --lora-rank (python -m "
+           "workloads fit compiles a setting for a slice and names the largest batch that fits)"),
     # The YAML file
     BadRun(section=CONFIG_FILE, case="no such file", args=("--config", "missing.yaml"),
            error="--config missing.yaml: file not found"),

@@ -5,14 +5,22 @@ trace that `--profile-dir` wrote (the run also prints it itself when the trace e
 prints it for each side it measures.
 
 Each operation the device ran is named in the trace by its HLO instruction; the compiled step's HLO says
-what that instruction is (trainer.measure.hbm_traffic.parse) and what JAX operation it came from (its
-op_name: a layer, the loss head, the optimizer). Categories, first match wins: the attention kernel (a
-custom call in an attention layer, or named as splash's and our flash kernels' calls are), the loss head and the optimizer update (by op_name), collectives,
-matmuls (a convolution or dot, fused or not), copies and transposes, and the rest (elementwise and
-reductions). Host gaps are the measured step's time the device spent idle, where the step's time is
-given and the trace holds a device (on the CPU, operations run on several threads at once, so shares
-are of the operations' summed time and there is no gap). Where the trace gives an operation's FLOPs or
-bytes (the TPU's does), the table shows the rate each category achieved.
+what that instruction is (trainer.measure.hbm_traffic.parse), what JAX operation it came from (its
+op_name: a layer, forward or backward, or outside the model) and, where the HLO text holds its stack
+frames, which of the step's own functions. Categories, first match wins: the attention kernel (a custom
+call in an attention layer, or named as splash's and our flash kernels' calls are); by the step's code
+(stack frames): the weight casts (trainer.run.step.forward_params, which casts the float32 weights to
+the compute dtype, and its transpose, which casts their gradients back), the optimizer update
+(trainer/run/optimizer.py), the metrics (the step's train function outside the loss and optimizer: the
+gradients' norm, the token count); without frames, a lone conversion outside the model is a weight
+cast; the loss head (forward or backward outside the model's layers); "other" for the rest named
+outside the model; then by what the instruction is: collectives, matmuls (a convolution or dot, fused
+or not), copies and transposes, elementwise and reductions. Host gaps are the measured step's time the
+device spent idle, where the step's time is given and the trace holds a device: operations on its
+timeline that the step's HLO does not name (another program's) are busy time, in a row of their own,
+not gaps (on the CPU, operations run on several threads at once, so shares are of the operations'
+summed time, another program's left out, and there is no gap). Where the trace gives an operation's
+FLOPs or bytes (the TPU's does), the table shows the rate each category achieved.
 """
 
 from __future__ import annotations
@@ -21,15 +29,18 @@ import argparse
 import collections
 import dataclasses
 import pathlib
+import re
 import sys
 
 from trainer.errors import UserError
 from trainer.run.mesh import jax_entry_point
 from trainer.measure import hbm_traffic
 
-CATEGORIES = ("matmuls", "attention kernel", "loss head", "optimizer update", "collectives", "copies and transposes",
-              "elementwise and reductions")
+CATEGORIES = ("matmuls", "attention kernel", "weight casts", "loss head", "optimizer update", "metrics", "collectives",
+              "copies and transposes", "elementwise and reductions", "other")
 HOST_GAPS = "host gaps (device idle)"
+OTHER = "other"  # named outside the model, and none of the above
+NOT_IN_STEP = "other programs' operations"  # on the device's timeline, not the step's HLO: busy, not idle
 _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all", "collective-broadcast")
 _MATMULS = ("convolution", "dot")
 _MOVES = {"copy", "transpose", "copy-start", "copy-done", "bitcast", "reshape", "broadcast", "parameter", "tuple",
@@ -48,21 +59,72 @@ class OpEvent:
     bytes: float | None = None
 
 
+_TABLE_ROW = re.compile(r"^(?P<id>\d+) (?P<value>.*)$")
+_FIELD = re.compile(r"(?P<key>\w+)=(?P<value>\d+)")
+_FRAME_ID = re.compile(r"\bstack_frame_id=(?P<id>\d+)")
+_CASTS = {"convert", "parameter", "bitcast", "copy", "reshape", "transpose", "tuple", "get-tuple-element"}
+
+
+def stack_frames(hlo: str) -> dict[int, list[tuple[str, str]]]:
+    """Stack frame id -> its (file, function) pairs, innermost first, from the tables the HLO text opens
+    with (FileNames, FunctionNames, FileLocations, StackFrames); {} where it has none."""
+    tables, current = collections.defaultdict(dict), None
+    for line in hlo.splitlines():
+        if line.startswith(("%", "ENTRY")):
+            break
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = line
+        elif current and (row := _TABLE_ROW.match(line)):
+            value = row["value"]
+            tables[current][int(row["id"])] = value.strip('"') if value.startswith('"') else dict(
+                (field["key"], int(field["value"])) for field in _FIELD.finditer(value))
+    files, functions, locations, frames = (tables[name] for name in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"))
+    chains = {}
+    for frame_id in frames:
+        chain, seen, current_id = [], set(), frame_id
+        while current_id in frames and current_id not in seen:
+            seen.add(current_id)
+            location = locations.get(frames[current_id].get("file_location_id"), {})
+            chain.append((files.get(location.get("file_name_id"), ""), functions.get(location.get("function_name_id"), "")))
+            current_id = frames[current_id].get("parent_frame_id")
+        chains[frame_id] = chain
+    return chains
+
+
 def categories(hlo: str) -> dict[str, str]:
     """HLO instruction name -> its category, for every instruction of the compiled program (None: control
     flow, whose time its body's operations carry)."""
     computations, _ = hbm_traffic.parse(hlo)
+    frames = stack_frames(hlo)
     ops_in = {name: {instruction.op for instruction in body} for name, body in computations.items()}
     found = {}
     for body in computations.values():
         for instruction in body:
             callee = hbm_traffic.called(instruction, "calls")
             inner = ops_in.get(callee, set()) if callee else set()
-            found[instruction.name] = _category(instruction, inner)
+            frame = _FRAME_ID.search(instruction.attributes)
+            found[instruction.name] = _category(instruction, inner, frames.get(int(frame["id"]), []) if frame else [])
     return found
 
 
-def _category(instruction: hbm_traffic.Instruction, inner: set[str]) -> str | None:
+def _by_frames(instruction: hbm_traffic.Instruction, frames: list[tuple[str, str]]) -> str | None:
+    """The step's own code an instruction came from, by the innermost of the trainer's frames: the weights'
+    cast to the compute dtype (trainer.run.step.forward_params; its transpose casts their gradients back),
+    the optimizer (trainer/run/optimizer.py), the step's metrics (its train function outside the loss)."""
+    ours = [(file, function) for file, function in frames if "/trainer/" in file]
+    if not ours:
+        return None
+    file, function = ours[0]
+    if any("forward_params" in name for _, name in ours):
+        return "weight casts"
+    if file.endswith("/run/optimizer.py"):
+        return "optimizer update"
+    if file.endswith("/run/step.py") and function.split(".")[-1] == "train" and hbm_traffic.source(instruction) == "optimizer":
+        return "metrics"
+    return None
+
+
+def _category(instruction: hbm_traffic.Instruction, inner: set[str], frames: list[tuple[str, str]] = ()) -> str | None:
     """None for control flow (a loop's, a call's event spans its body's operations, counted themselves)."""
     if instruction.op in _CONTROL:
         return None
@@ -70,10 +132,16 @@ def _category(instruction: hbm_traffic.Instruction, inner: set[str]) -> str | No
     # Splash's calls carry no op_name: their own names say what they are (splash_mha_fwd_..., _dq_, _dkv_).
     if instruction.op == "custom-call" and (source.endswith(" attn") or instruction.name.startswith(_KERNEL_NAMES)):
         return "attention kernel"
+    if placed := _by_frames(instruction, list(frames)):
+        return placed
+    # Without stack frames: a conversion alone (fused with data movement only) outside the model is a weight's cast.
+    if (source.endswith("loss head") and instruction.attributes.count("convert_element_type")
+            and (instruction.op == "convert" or (inner and "convert" in inner and inner <= _CASTS))):
+        return "weight casts"
     if source.endswith("loss head"):
         return "loss head"
-    if source == "optimizer":
-        return "optimizer update"
+    if source == "optimizer":  # named outside the model, neither forward nor backward, not placed above
+        return OTHER
     if any(instruction.op.startswith(name) for name in _COLLECTIVES) or inner & set(_COLLECTIVES):
         return "collectives"
     if instruction.op in _MATMULS or inner & set(_MATMULS):
@@ -148,9 +216,12 @@ def step_table(events: list[OpEvent], by_name: dict[str, str], *, steps: int, st
     Operations the step's HLO does not name (another program's) and control flow are left out."""
     time, flops, moved = collections.Counter(), collections.Counter(), collections.Counter()
     for event in events:
-        category = by_name.get(event.name)
-        if category is None:
-            continue
+        if event.name not in by_name:
+            if not device_timeline:
+                continue  # the host's threads: another program's work is not the step's
+            category = NOT_IN_STEP  # the device was busy with it: not a gap
+        elif (category := by_name[event.name]) is None:
+            continue  # control flow: its body's operations carry its time
         time[category] += event.duration_ns
         flops[category] += event.flops or 0
         moved[category] += event.bytes or 0

@@ -73,8 +73,7 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
     single process.
     """
     if num_processes == 1 and coordinator_address is None and process_id in (None, 0):
-        _initialize_alone()
-        return True
+        return _initialize_alone()
     explicit = (coordinator_address, num_processes, process_id)
     if any(value is not None for value in explicit):
         if any(value is None for value in explicit):
@@ -94,15 +93,23 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
         print(f"trainer: notice: no cluster detected ({type(error).__name__}: {first_line(error)}); training as one "
               "process on this host (--num-processes 1 skips the detection; --coordinator-address, --num-processes and "
               "--process-id join a cluster)", file=sys.stderr, flush=True)
-        _initialize_alone()
+        return _initialize_alone()
     return True
 
 
-def _initialize_alone() -> None:
+def _initialize_alone() -> bool:
     """A one-process job of its own: the preemption service without a cluster, and no detection (which on a
-    TPU host asks the metadata server again)."""
-    jax.distributed.initialize(coordinator_address=f"localhost:{_free_port()}", num_processes=1, process_id=0,
+    TPU host asks the metadata server again). Where the host allows no local socket for its coordinator (a
+    sandbox), one process without that service, said in one line; whether it started."""
+    try:
+        port = _free_port()
+    except OSError as error:
+        print(f"trainer: notice: no local socket for the preemption service ({first_line(error)}); training without it: "
+              "a SIGTERM stops this run without a checkpoint", file=sys.stderr, flush=True)
+        return False
+    jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=1, process_id=0,
                                cluster_detection_method="deactivate")
+    return True
 
 
 def process_zero_first(what: str, make: Callable[[], T]) -> T:

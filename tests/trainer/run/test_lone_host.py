@@ -35,3 +35,18 @@ def test_a_lone_host_trains_as_one_process(flags, notice, tmp_path, tokenizer_pa
     else:  # no detection at all: the metadata server is never asked
         assert notices == []
     assert (tmp_path / "run" / "export").is_dir()
+
+
+def test_without_a_local_socket_one_process_trains_without_the_preemption_service(monkeypatch, capsys):
+    """A sandboxed host that allows no socket (the lent TPU machine): the preemption service's coordinator cannot
+    listen, so the run goes on as one process without it, said in one line, rather than a traceback."""
+    from trainer.run import mesh
+
+    def no_socket():
+        raise OSError(97, "Address family not supported by protocol")
+
+    monkeypatch.setattr(mesh, "_free_port", no_socket)
+    assert mesh.initialize_distributed(coordinator_address=None, num_processes=1, process_id=None) is False
+    assert capsys.readouterr().err == ("trainer: notice: no local socket for the preemption service ([Errno 97] Address "
+                                       "family not supported by protocol); training without it: a SIGTERM stops this "
+                                       "run without a checkpoint\n")

@@ -50,7 +50,7 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
         # The step is compiled from --model's shapes: the weights, data and tokenizer are not read (docs/fit.md).
         train_config = parse_config(list(spec.trainer_args))
         devices = compiled.tpu_devices(config.tpu.accelerator, config.tpu.topology, num_slices=run.slices)
-        compile_answers.say(f"run {run.name}: {train_config.model}, batch {train_config.batch_size} x {train_config.seq_len}, "
+        compile_answers.say(f"run {run.name}: {train_config.model}, batch {batch_words(train_config)} x {train_config.seq_len}, "
                             f"{config.tpu.accelerator} {config.tpu.topology} x {run.slices}")
         with compile_answers.doing(f"run {run.name}"):
             report = compiled.fit(train_config, devices, num_slices=run.slices, search_batch=search_batch,
@@ -64,6 +64,13 @@ def fit_runs(config: StackConfig, *, image: str, run_name: str | None = None, se
     return fits
 
 
+def batch_words(train_config) -> str:
+    """The run's batch, as its step runs it: `128`, or `128 as 4 micro-batches of 32` (--grad-accum-steps)."""
+    steps = train_config.grad_accum_steps
+    batch = train_config.batch_size
+    return str(batch) if steps == 1 else f"{batch} as {steps} micro-batches of {batch // steps}"
+
+
 def advice(report: dict) -> str:
     """One line for a run that does not fit: by how much, and what to change."""
     needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
@@ -72,6 +79,10 @@ def advice(report: dict) -> str:
         state = "bfloat16 weights and AdamW state" + (", the second moment factored" if report["lean_precision"] == "lean-factored" else "")
         changes.append(f"precision {report['lean_precision']} ({state}: {report['lean_compiled_bytes_per_chip'] / _GIB:.1f} GiB "
                        "per chip, which fits; docs/fit.md has its quality figures)")
+    if report.get("grad_accum_steps_that_fit"):
+        steps = report["grad_accum_steps_that_fit"]
+        changes.append(f"gradAccumSteps {steps} (the same batch as {steps} micro-batches of {report['batch_size'] // steps} rows, "
+                       f"one after another: {report['grad_accum_compiled_bytes_per_chip'] / _GIB:.1f} GiB per chip, which fits)")
     if report["largest_batch"]:
         changes.append(f"batchSize {report['largest_batch']} or less (it fits with remat {report['largest_batch_remat']})")
     if not report["lora_rank"]:
@@ -97,7 +108,9 @@ def _composed_cell(title: str, report: dict) -> str:
         return f"{report['accelerator']} {report['topology']} x{report['slices']}"
     if report.get("largest_batch") is None:  # --no-batch-search
         return "-"
-    return f"{report['largest_batch']} (remat {report['largest_batch_remat']})"
+    steps = report.get("grad_accum_steps", 1)
+    batch = report["largest_batch"] if steps == 1 else f"{report['largest_batch']} = {steps} x {report['largest_batch'] // steps}"
+    return f"{batch} (remat {report['largest_batch_remat']})"
 
 
 def table(reports: list[dict]) -> str:

@@ -171,3 +171,21 @@ def test_a_run_with_a_local_tier_reports_its_host_memory_beside_the_chips_figure
     lines = fit.table([_fitting_report(**with_tier.report), _fitting_report(run="plain")]).splitlines()
     column = lines[0].index("local tier GiB/host")
     assert lines[1][column:] == f"{with_tier.report['local_tier_bytes_per_host'] / 2**30:.1f}" and lines[2][column:] == "-"
+
+
+def test_accumulation_reaches_the_compile_and_is_said_where_a_batch_is(monkeypatch):
+    """gemma-tpu:training.gradAccumSteps: the step compiled with it, the batch said as its micro-batches, the table's
+    largest batch as micro-batches too, and a run that fits only so is told the gradAccumSteps that does."""
+    compiles = _Compiles()
+    monkeypatch.setattr(compiled, "fit", compiles)
+    fit.fit_runs(edited_config("multihost", training={"batchSize": 64, "gradAccumSteps": 4}), image=IMAGE)
+    (config, _, _), = compiles.calls
+    assert (config.batch_size, config.grad_accum_steps, fit.batch_words(config)) == (64, 4, "64 as 4 micro-batches of 16")
+    lines = fit.table([_fitting_report(largest_batch=96, largest_batch_remat="full", grad_accum_steps=4)]).splitlines()
+    assert lines[1][lines[0].index("largest batch"):].startswith("96 = 4 x 24 (remat full)")
+    report = {"run": "sweep", "accelerator": "v6e", "topology": "2x4", "slices": 1, "lora_rank": 0, "fits": False,
+              "compiled_bytes_per_chip": 40 * 2**30, "usable_hbm_bytes_per_chip": int(31.24 * 2**30), "largest_batch": 48,
+              "largest_batch_remat": "full", "batch_size": 128, "grad_accum_steps_that_fit": 4,
+              "grad_accum_compiled_bytes_per_chip": 20 * 2**30}
+    assert ("set gemma-tpu:training gradAccumSteps 4 (the same batch as 4 micro-batches of 32 rows, one after another: "
+            "20.0 GiB per chip, which fits), or batchSize 48 or less") in fit.advice(report)

@@ -15,8 +15,13 @@ and shardings only. Two figures need care:
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,
   and the backward's reads and gradients).
+  With --grad-accum-steps N the whole forward and backward pass is the body of a loop over N micro-batches
+  (trainer.run.step): the compiler counts one micro-batch, and the step outside that loop (the optimizer's
+  update and the gradient's norm, compiled alone: accumulation_cost) once; the (N - 1) missing micro-batches
+  are added, and the vocabulary loop's correction is one micro-batch's, N times.
 - Memory: arguments + outputs + temporaries - donated (aliased) + generated code, per chip, against
-  the HBM the compiler itself says it can use (it names it when a program does not fit).
+  the HBM the compiler itself says it can use (it names it when a program does not fit). With
+  accumulation the activations are one micro-batch's.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from trainer.model import models
 from trainer.nn import layers, precision
@@ -93,16 +99,20 @@ class CompiledStep:
     ici_bytes: int  # what the program's collectives move per chip (trainer.measure.collectives)
     bytes_by_source: dict[str, int]  # HBM bytes per chip by the JAX operation they come from (trainer.measure.hbm_traffic)
     total_steps: int  # the learning-rate schedule's length compiled into the step
+    grad_accum_steps: int = 1  # micro-batches of batch_size / grad_accum_steps rows, one after another
+    flops_accumulation: float = 0.0  # the micro-batches after the first, which the analysis leaves out (accumulation_cost)
+    bytes_accumulation: float = 0.0
     fingerprint: str | None  # of the lowered program: equal to the one the run records in config.json (None: --epochs)
     l_by_l_tensor: bool | None  # an [..., L, L] tensor in the optimized program (None: head_dim == L, cannot tell)
 
     @property
     def flops_per_chip(self) -> float:
-        return self.flops_reported + self.flops_loop_correction + self.flops_windowed_loops + self.flops_kernels
+        return (self.flops_reported + self.flops_loop_correction + self.flops_windowed_loops + self.flops_kernels
+                + self.flops_accumulation)
 
     @property
     def bytes_accessed(self) -> float:
-        return self.bytes_reported + self.bytes_loop_correction + self.bytes_kernels
+        return self.bytes_reported + self.bytes_loop_correction + self.bytes_kernels + self.bytes_accumulation
 
 
 def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
@@ -120,7 +130,7 @@ def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tu
 
 def _mesh_and_dtype(config: TrainConfig, devices, num_slices: int):
     device_mesh = mesh.build_mesh(config.mesh, slices=num_slices, devices=devices)
-    mesh.check_batch(config.batch_size, device_mesh)
+    mesh.check_batch(config.batch_size, device_mesh, grad_accum_steps=config.grad_accum_steps)
     return device_mesh, precision.compute_dtype(config.compute_dtype, backend=devices[0].platform)
 
 
@@ -145,12 +155,13 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
     run_step, lowered, compiled = step.compile_run_step(
         run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
     memory = compiled.memory_analysis()
-    loop_flops, loop_bytes = vocab_chunk.loop_cost(
-        device_mesh, compute_dtype, tokens=config.batch_size * config.seq_len, embed_dim=model_config.embed_dim,
-        vocab_size=model_config.num_embed, chunk=run_step.vocab_chunk, softcap=run_step.softcap)
+    accumulation = config.grad_accum_steps
+    loop_flops, loop_bytes = (accumulation * figure for figure in vocab_chunk.loop_cost(
+        device_mesh, compute_dtype, tokens=step.micro_batch_size(config) * config.seq_len, embed_dim=model_config.embed_dim,
+        vocab_size=model_config.num_embed, chunk=run_step.vocab_chunk, softcap=run_step.softcap))
     attention_flops, attention_bytes = kernel_cost(run_step, config, model_config)
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
+    cost = _cost(compiled)
+    accumulation_flops, accumulation_bytes = accumulation_cost(run_step, config, model_config, cost)
     hlo = compiled.as_text()
     return CompiledStep(
         device_kind=devices[0].device_kind, chips=len(devices), batch_size=config.batch_size,
@@ -158,13 +169,44 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
         arguments=memory.argument_size_in_bytes, outputs=memory.output_size_in_bytes,
         temporaries=memory.temp_size_in_bytes, aliased=memory.alias_size_in_bytes,
         generated_code=memory.generated_code_size_in_bytes, bytes_per_chip=hbm.needed_bytes(compiled),
-        flops_reported=float(cost.get("flops", 0.0)), flops_loop_correction=loop_flops,
+        flops_reported=cost[0], flops_loop_correction=loop_flops,
         flops_windowed_loops=windowed_loops.missing_flops(hlo), flops_kernels=attention_flops,
-        bytes_reported=float(cost.get("bytes accessed", 0.0)), bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
+        bytes_reported=cost[1], bytes_loop_correction=loop_bytes, bytes_kernels=attention_bytes,
+        grad_accum_steps=accumulation, flops_accumulation=accumulation_flops, bytes_accumulation=accumulation_bytes,
         ici_bytes=collectives.collective_bytes(hlo), bytes_by_source=hbm_traffic.by_source(hlo),
         total_steps=schedule_steps(config), fingerprint=step.step_fingerprint(lowered) if config.steps else None,
         l_by_l_tensor=_has_l_by_l_tensor(hlo, config.seq_len, model_config.head_dim),
     )
+
+
+def _cost(compiled) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) per chip, as the compiler's cost analysis counts them."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def accumulation_cost(run_step: step.RunStep, config: TrainConfig, model_config, step_cost: tuple[float, float]) -> tuple[float, float]:
+    """(FLOPs, bytes) per chip of the micro-batches the cost analysis leaves out of a step with --grad-accum-steps N:
+    it counts the loop over them once, so (N - 1) times what it counted of the step (`step_cost`) less what runs
+    once a step outside the loop: the optimizer's update and the gradient's norm, compiled alone here on the
+    state's shapes and shardings."""
+    if config.grad_accum_steps == 1:
+        return 0.0, 0.0
+    state = step.abstract_train_args(run_step, config, model_config)[0]
+    grads = state["params"]
+    optimizer = run_step.optimizer
+
+    def update(state, grads):
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
+        return optimizer.apply_updates(state["params"], updates), opt_state, norm
+
+    lowered = jax.jit(update, donate_argnums=0, out_shardings=(run_step.state_shardings["params"],
+                                                                run_step.state_shardings["opt_state"], None)).lower(state, grads)
+    once = _cost(compile_answers.compile(lowered, what="the optimizer's update alone (to count the micro-batches)",
+                                         devices=list(run_step.device_mesh.devices.flat)))
+    return tuple((config.grad_accum_steps - 1) * max(counted - outside, 0.0) for counted, outside in zip(step_cost, once))
 
 
 def _has_l_by_l_tensor(hlo: str, seq_len: int, head_dim: int) -> bool | None:
@@ -189,6 +231,8 @@ class Fit:
     # A float32 full fine-tune refused: (the precision, its step): lean, or lean-factored where lean does not fit either.
     lean: tuple[str, CompiledStep | hbm.MemoryRefusal] | None = None
     splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
+    # The run's batch refused: the least --grad-accum-steps whose micro-batches fit (accumulation_that_fits), compiled.
+    accumulation: tuple[int, CompiledStep] | None = None
 
     def report(self) -> dict:
         result = self._figures()
@@ -208,8 +252,12 @@ class Fit:
             "mesh": dict(config.mesh), "params": params, "trained_params": trained, "tokens_per_step": tokens,
             "usable_hbm_bytes_per_chip": self.usable_hbm,
             "largest_batch": searched.batch if searched else None, "largest_batch_remat": searched.remat if searched else None,
-            "precision": config.precision,
+            "precision": config.precision, "grad_accum_steps": config.grad_accum_steps,
+            "micro_batch_size": step.micro_batch_size(config),
         }
+        if self.accumulation is not None:
+            steps, accumulated = self.accumulation
+            result |= {"grad_accum_steps_that_fit": steps, "grad_accum_compiled_bytes_per_chip": accumulated.bytes_per_chip}
         if self.lean is not None:
             precision, lean = self.lean
             result |= {"lean_precision": precision, "lean_fits": _fits(lean, self.usable_hbm), "lean_compiled_bytes_per_chip": _needed(lean)}
@@ -293,8 +341,9 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
     """The largest global batch (a multiple of the chips) whose step fits with one policy (search_config),
     from the compiler: memory per chip is affine in the batch, so two compiles give the line, and a third
     checks its answer (stepping down while the compiler refuses it). Only a compiled answer counts: the
-    run's own batch, when it fits, is the least one."""
-    unit = len(devices)
+    run's own batch, when it fits, is the least one. With --grad-accum-steps N the search is the micro-batch's
+    (whose activations a chip holds): global batches of N micro-batches, each a multiple of the chips."""
+    unit = len(devices) * config.grad_accum_steps
     search = search_config(config, first)
     other_batch = config.batch_size * 2 if config.batch_size > unit else config.batch_size + unit
     if isinstance(first, hbm.MemoryRefusal) and config.batch_size > unit:
@@ -338,13 +387,33 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
                                            why=f"the run's step with --precision {precision} (a larger state does not fit)")
             if _fits(lean[1], usable):
                 break
+    accumulation = None
+    if not _fits(first, usable) and batch is not None and batch.batch:
+        accumulation = accumulation_that_fits(config, model_config, devices, num_slices=num_slices, usable=usable, largest=batch)
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
-              refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch, lean=lean)
+              refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch, lean=lean,
+              accumulation=accumulation)
     if not compare_splits:
         return own
     others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)
               for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
     return dataclasses.replace(own, splits=(own, *others))
+
+
+def accumulation_that_fits(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
+                           largest: LargestBatch) -> tuple[int, CompiledStep] | None:
+    """For a run whose batch does not fit: the least --grad-accum-steps above its own whose micro-batches are no
+    larger than the largest that fits (`largest`, searched) and divide over the chips, with its step compiled;
+    None when there is none, or it does not fit (the gradient sums it adds can tip it over)."""
+    micro_batch_fits = largest.batch // config.grad_accum_steps
+    chips = len(devices)
+    steps = next((steps for steps in range(config.grad_accum_steps + 1, config.batch_size // chips + 1)
+                  if config.batch_size % (steps * chips) == 0 and config.batch_size // steps <= micro_batch_fits), None)
+    if steps is None:
+        return None
+    result = _try_compile(dataclasses.replace(config, grad_accum_steps=steps), model_config, devices, num_slices,
+                          why=f"the run's batch as {steps} micro-batches (it does not fit at once)")
+    return (steps, result) if _fits(result, usable) else None
 
 
 def _lean_savings(model_config, lean_precision: str) -> int:

@@ -206,22 +206,22 @@ class _RematLines:
 
     def __call__(self, config, model_config, devices, *, num_slices=1):
         for remat in step.remat_candidates(config.remat):
-            needed = int(self.BASE + self.PER_ROW[remat] * config.batch_size)
+            needed = int(self.BASE + self.PER_ROW[remat] * config.batch_size // config.grad_accum_steps)
             self.compiles.append((config.batch_size, remat))
             if needed <= self.USABLE:
                 return _step_of(config.batch_size, remat, needed)
         raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, self.USABLE)
 
 
-@pytest.mark.parametrize("batch, remat, largest, searched", [
+@pytest.mark.parametrize("batch, remat, largest, searched, accumulated", [
     # Fits with remat none; at twice the batch auto would take full, whose point is below the first: the old
     # line through both fell with the batch and answered 0.
-    (16, "none", 16, [(32, "none")]),
+    (16, "none", 16, [(32, "none")], []),
     # Does not fit with any policy; a quarter of the batch fits with none, whose line is not full's: the old
-    # search stopped at 48 where full fits 56.
-    (64, "full", 56, [(16, "full"), (56, "full")]),
+    # search stopped at 48 where full fits 56. Then 2 micro-batches of 32 (accumulation_that_fits), with full.
+    (64, "full", 56, [(16, "full"), (56, "full")], [(64, "none"), (64, "dots"), (64, "full")]),
 ])
-def test_the_batch_search_holds_one_remat_policy(monkeypatch, v6e_2x2, batch, remat, largest, searched):
+def test_the_batch_search_holds_one_remat_policy(monkeypatch, v6e_2x2, batch, remat, largest, searched, accumulated):
     """Memory is one line in the batch only for one policy: every compile of the search uses the policy the
     run's step was found with (the last of --remat's candidates when none fits), and reports it."""
     lines = _RematLines()
@@ -231,8 +231,9 @@ def test_the_batch_search_holds_one_remat_policy(monkeypatch, v6e_2x2, batch, re
     devices = v6e_2x2 * 2  # a v6e 2x4 slice as the search counts it: 8 chips
     report = compiled.fit(config, devices).report()
     assert report["largest_batch"] == largest and report.get("largest_batch_remat") == remat
-    first = [compile for compile in lines.compiles if compile[0] == batch]
-    assert lines.compiles == first + searched
+    first = lines.compiles[:lines.compiles.index(searched[0])]
+    assert {compile[0] for compile in first} == {batch} and lines.compiles == first + searched + accumulated
+    assert report.get("grad_accum_steps_that_fit") == (2 if accumulated else None)
 
 
 def test_the_largest_batch_is_at_least_the_runs_own_on_the_tiny_model(monkeypatch, model_config, v6e_2x2):
@@ -278,3 +279,44 @@ def test_a_full_fine_tune_whose_float32_state_does_not_fit_is_compiled_again_lea
     for other in (dataclasses.replace(config, precision="lean"), dataclasses.replace(config, lora_rank=16)):
         compiles.clear()
         assert "lean_fits" not in compiled.fit(other, v6e_2x2, search_batch=False).report() and len(compiles) == 1
+
+
+def test_with_accumulation_the_step_costs_the_whole_batch_and_holds_a_micro_batch(tiny_step, model_config, v6e_2x2):
+    """--grad-accum-steps 2: the compiler counts one micro-batch of the loop; with the other added (the step less
+    the optimizer's update, compiled alone) the step costs the one pass's FLOPs, and a chip holds the activations
+    of 4 rows, not 8 (measured 32.8 MB against 35.4; batch 4 at once: 32.4)."""
+    accumulated = compiled.compile_train_step(dataclasses.replace(TINY, grad_accum_steps=2), model_config, v6e_2x2)
+    assert accumulated.grad_accum_steps == 2 and accumulated.flops_accumulation > 0.45 * accumulated.flops_per_chip
+    assert accumulated.flops_per_chip == pytest.approx(tiny_step.flops_per_chip, rel=0.02)
+    assert accumulated.bytes_per_chip < tiny_step.bytes_per_chip
+
+
+class _MicroBatchLines(_RematLines):
+    """_RematLines in the micro-batch's rows, plus the gradient sums (1 GiB) a step with accumulation keeps."""
+
+    def __call__(self, config, model_config, devices, *, num_slices=1):
+        rows = config.batch_size // config.grad_accum_steps
+        needed = int(self.BASE + self.PER_ROW["full"] * rows + (GIB if config.grad_accum_steps > 1 else 0))
+        self.compiles.append((config.batch_size, config.grad_accum_steps))
+        if needed > self.USABLE:
+            raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, self.USABLE)
+        return _step_of(config.batch_size, "full", needed)
+
+
+@pytest.mark.parametrize("accumulation, largest, searched, fitting", [
+    # 128 rows at once need 57.2 GiB; 56 fit (28.4 GiB), so 128 as 4 micro-batches of 32 does (19.8 with the sums).
+    (1, 56, [(32, 1), (56, 1)], 4),
+    # Already 2 micro-batches of 64: the search is the micro-batch's (global batches in steps of 2 x 8 rows): 2 x 56 fit.
+    (2, 112, [(32, 2), (112, 2)], 4),
+])
+def test_the_batch_search_is_the_micro_batchs_and_names_the_accumulation_that_fits(monkeypatch, v6e_2x2, accumulation,
+                                                                                 largest, searched, fitting):
+    lines = _MicroBatchLines()
+    monkeypatch.setattr(compiled, "compile_train_step", lines)
+    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: lines.USABLE)
+    config = TrainConfig(model="gemma3-4b", weights="random", batch_size=128, seq_len=4096, lora_rank=16, steps=10,
+                         remat="full", grad_accum_steps=accumulation)
+    report = compiled.fit(config, v6e_2x2 * 2).report()
+    assert not report["fits"] and report["largest_batch"] == largest
+    assert (report["grad_accum_steps"], report["micro_batch_size"]) == (accumulation, 128 // accumulation)
+    assert report["grad_accum_steps_that_fit"] == fitting and lines.compiles == [(128, accumulation), *searched, (128, fitting)]

@@ -11,6 +11,11 @@
   float32 mean of the squared gradients per row and per column (over the last two axes) instead of a
   value per weight, their outer product over the rows' mean standing for it. About 6 bytes a
   parameter: what lets a full fine-tune of gemma3-4b at seq 1024 fit one v6e chip (docs/fit.md).
+  As Adafactor does, it clips each weight's (leaf's) update to a root mean square of at most 1 before the
+  learning rate multiplies it (update / max(1, RMS(update) / 1), optax's clip_by_block_rms): the rank-one
+  estimate can be far below a weight's own squared gradient (a gradient concentrated on rows and columns
+  that are otherwise quiet), and the first steps, with one gradient in the moments, would otherwise take
+  steps of many times the learning rate across the whole matrix.
 
 The train step calls `Optimizer.update`, then `Optimizer.apply_updates`, as it called optax's.
 """
@@ -27,6 +32,7 @@ import optax
 
 PRECISIONS = ("float32", "lean", "lean-factored")
 B1, B2, EPS = 0.9, 0.999, 1e-8  # optax.adamw's defaults, which both precisions use
+UPDATE_CLIP = 1.0  # lean-factored: the largest RMS of a leaf's update, in learning rates (Adafactor's clipping_threshold)
 _LOW_HALF = 0xFFFF
 
 
@@ -177,6 +183,8 @@ def _lean_adamw(config: OptimizerConfig, *, factored: bool) -> Optimizer:
             else:
                 nu = second_moment = B2 * nu.astype(jnp.float32) + (1 - B2) * grad * grad
             step = (mu / first_correction) / (jnp.sqrt(second_moment / second_correction) + EPS)
+            if factored:  # Adafactor's update clipping, per leaf (the weight decay below is not clipped, as in optax.adafactor)
+                step = step / jnp.maximum(1.0, jnp.sqrt(jnp.mean(jnp.square(step))) / UPDATE_CLIP)
             if decayed:
                 step = step + config.weight_decay * param.astype(jnp.float32)
             first, second = (hashed_noise(param.shape, next(seeds)) for _ in range(2))

@@ -124,3 +124,34 @@ def test_the_factored_second_moment_follows_the_gradients_scale_by_row_and_colum
     got, _ = _steps(optimizer_lib.build_optimizer(_config(precision="lean-factored", weight_decay=0.0)), params, grads)
     small, large = np.abs(np.asarray(got["linear"], np.float32)).mean(axis=1)
     assert large == pytest.approx(small, rel=0.05)
+
+
+def _first_step(precision: str, grad, lr: float = 1e-3):
+    """The first step's movement of a zero matrix in learning rates (float32), for the gradient `grad`."""
+    optimizer = optimizer_lib.build_optimizer(_config(lr=lr, precision=precision, weight_decay=0.0, grad_clip=1e9))
+    params = {"linear": jnp.zeros(grad.shape, jnp.bfloat16)}
+    moved, _ = optimizer.apply({"linear": grad.astype(jnp.bfloat16)}, optimizer.init(params), params)
+    return -np.asarray(moved["linear"], np.float32) / lr
+
+
+def _rms(values) -> float:
+    return float(np.sqrt(np.mean(np.square(values))))
+
+
+def test_lean_factored_clips_each_leafs_update_at_an_rms_of_the_learning_rate_as_adafactor_does():
+    """Adafactor's clip (update / max(1, RMS(update)), before the rate): a matrix whose gradient is a dense block
+    beside an identity-shaped one (rows and columns quiet but for one weight) has a rank-one estimate 1056 times
+    below those weights' squared gradients: unclipped, the first step's RMS is 2.9 learning rates (32.5 on each of
+    those weights). Clipped, it is 1 (11 on those weights). A plain identity's estimate is 1/n everywhere: its
+    RMS is already 1, so the clip leaves its sqrt(n) = 8 rates on the diagonal (it bounds the RMS, not each
+    weight); lean's first step (Adam's: the gradient's sign) is never clipped."""
+    n = 32
+    block_and_identity = jnp.zeros((2 * n, 2 * n)).at[:n, :n].set(1.0).at[n:, n:].set(jnp.eye(n))
+    moved = _first_step("lean-factored", block_and_identity)
+    assert _rms(moved) == pytest.approx(1.0, rel=1e-2)
+    assert moved[n:, n:].max() == pytest.approx(np.sqrt(1056) / np.sqrt(8.5), rel=1e-2)  # 32.5 / its RMS of 2.92
+    identity = _first_step("lean-factored", jnp.eye(2 * n))
+    assert _rms(identity) == pytest.approx(1.0, rel=1e-2)
+    np.testing.assert_allclose(np.diag(identity), np.sqrt(2 * n), rtol=1e-2)
+    lean = _first_step("lean", block_and_identity)
+    np.testing.assert_allclose(lean, np.asarray(block_and_identity), rtol=1e-2)

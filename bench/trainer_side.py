@@ -52,7 +52,6 @@ def figures(args, run_dir: pathlib.Path, wall_s: float) -> dict:
     resolved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     step_s = statistics.median(report["step_time_s"] for report in reports)
     mfus = [report["mfu"] for report in reports if report.get("mfu") is not None]
-    memory = [report[key] for report in reports for key in ("device_peak_bytes",) if key in report]
     return {
         "side": "trainer", "model": args.model, "seq_len": args.seq_len, "batch": args.batch,
         "training": training_label(args.training), "remat": resolved["remat_policy"], "vocab_chunk": resolved["vocab_chunk"],
@@ -61,7 +60,8 @@ def figures(args, run_dir: pathlib.Path, wall_s: float) -> dict:
         # tokens the trainer counts: non-padding positions (prompts included; bench.device_side counts loss targets)
         "tokens_per_s": statistics.median(report["tokens_per_sec"] for report in reports),
         "mfu": statistics.median(mfus) if mfus else None,
-        "device_peak_bytes": max(memory) if memory else None,
+        # the trainer's own figure before step 1: bytes in use plus what the compiled step adds (trainer.run.device_memory)
+        "device_peak_bytes": (resolved.get("device_memory") or {}).get("peak_bytes"),
         "run_wall_s": wall_s, "trainer_args": args.trainer_args,
     }
 

@@ -96,7 +96,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     models.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
-    mesh.check_batch(config.batch_size, device_mesh)
+    mesh.check_batch(config.batch_size, device_mesh, grad_accum_steps=config.grad_accum_steps)
     total_steps = config.steps or config.epochs * data_lib.steps_per_epoch(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, eval_fraction=config.eval_fraction
     )
@@ -129,14 +129,18 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
             run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
+    footprint = device_memory.before_first_step(compiled_train, state, frozen)  # None where the device does not say
+    device_memory.check(footprint, config)
     if is_main:
         write_resolved_config(config, workdir, model_config=model_config, inputs=inputs, total_steps=total_steps,
                               mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype, run_step=run_step,
-                              step_fingerprint=step.step_fingerprint(lowered))
+                              step_fingerprint=step.step_fingerprint(lowered), footprint=footprint)
 
     with MetricsReporter(workdir, total_steps=total_steps, tensorboard_dir=config.resolved_tensorboard_dir,
                          is_main_process=is_main, start_step=start_step + 1, stream=sys.stdout,
                          log_format=config.log_format) as reporter:
+        if footprint is not None:
+            reporter.text("memory", start_step, footprint.line())
         if resume_step is not None:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
             reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {resumed.directory} "
@@ -153,13 +157,10 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
             throughput=ThroughputMeter(
                 positions_per_step=positions_per_step,
                 flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
+                model_config=model_config, lora_rank=config.lora_rank,
             ),
             preemption=preemption, events=events, local_checkpoints=local,
         )
-        footprint = device_memory.before_first_step(compiled_train, state, frozen)  # None on the CPU
-        device_memory.check(footprint, config)
-        if footprint is not None:
-            reporter.text("memory", start_step, footprint.line())
         events.mark("ready", start_step=start_step)
         try:
             state, final_metrics = loop.run(state, train_batches, start_step)
@@ -235,7 +236,8 @@ def batch_digest(local_batch: dict) -> str:
 
 
 def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_config, inputs: Inputs, total_steps: int,
-                          mesh_shape: dict, compute_dtype, run_step: step.RunStep, step_fingerprint: str) -> None:
+                          mesh_shape: dict, compute_dtype, run_step: step.RunStep, step_fingerprint: str,
+                          footprint: device_memory.BeforeFirstStep | None = None) -> None:
     resolved = {
         **dataclasses.asdict(config),
         "data": inputs.data_source,
@@ -256,6 +258,8 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "vocab_chunk": run_step.vocab_chunk,  # what --vocab-chunk became (null: plain logits)
         # The lowered train step's digest: `python -m workloads fit` reports the same for the program it compiled.
         "step_fingerprint": step_fingerprint,
+        # Bytes on the fullest device before step 1 and what the step adds (trainer.run.device_memory); null on the CPU.
+        "device_memory": footprint and footprint.figures(),
         "model_config": dataclasses.asdict(model_config),
     }
     shared_files.write_text_atomically(workdir / "config.json", json.dumps(resolved, indent=2, default=str) + "\n")
@@ -294,7 +298,7 @@ class _StepLoop:
             self._profile(step_number - start_step, before=True)
             state, metrics = self.functions.train(state, self.frozen, mesh.global_batch(local_batch, self.mesh))
             self._profile(step_number - start_step, before=False, metrics=metrics)
-            self.throughput.add(metrics)
+            self.throughput.add(metrics, local_batch["segment_ids"])
             local_due = self.local_checkpoints is not None and self.local_checkpoints.due(step_number)
             last = step_number == self.total_steps
             # The first step of every run is reported too, so a resumed run shows where it started.
@@ -317,8 +321,6 @@ class _StepLoop:
                 report = {"loss": values["loss"], "learning_rate": float(self.schedule(step_number - 1)), "grad_norm": values["grad_norm"]}
                 report["batch"] = batch_digest(local_batch)
                 report.update(self.throughput.measure())
-                if (peak := device_memory.peak_bytes()) is not None:
-                    report["device_peak_bytes"] = peak
                 final = {"step": step_number, **report}
                 self.events.flush()
                 if attempts := self.events.attempts():

@@ -45,6 +45,12 @@ class BeforeFirstStep:
         """What the device holds beside the step's arguments: other arrays, programs, the allocator's own."""
         return max(0, self.in_use - self.arguments)
 
+    def figures(self) -> dict:
+        """The run's config.json record: bytes in use before step 1, of them the step's arguments, what the step
+        adds, the peak that makes, and the device's limit."""
+        return {"in_use_bytes": self.in_use, "arguments_bytes": self.arguments, "step_needs_bytes": self.step_needs,
+                "peak_bytes": self.peak, "limit_bytes": self.limit}
+
     def line(self) -> str:
         other_arrays = sum(size for _, size in self.others)
         return (f"device memory before step 1: {_gib(self.in_use)} GiB in use (state and frozen weights {_gib(self.arguments)}, "
@@ -74,12 +80,6 @@ def before_first_step(compiled, state, frozen, *, memory_stats=lambda device: de
     return BeforeFirstStep(in_use=stats[device]["bytes_in_use"], limit=stats[device]["bytes_limit"], arguments=on_device,
                            others=tuple(item for item in other_bytes if item[1]),
                            step_needs=max(0, hbm.needed_bytes(compiled) - on_device))
-
-
-def peak_bytes() -> int | None:
-    """The most any local device has held at once so far, where devices say (metrics: device_peak_bytes)."""
-    peaks = [(device.memory_stats() or {}).get("peak_bytes_in_use") for device in jax.local_devices()]
-    return max(peaks) if peaks and None not in peaks else None
 
 
 def advice(config, device_count: int) -> str:

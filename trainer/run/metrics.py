@@ -38,7 +38,6 @@ _SCREEN_LABELS = {
     "step_time_s": "s/step",
     "eval_perplexity": "eval_ppl",
     "mfu_documents": "mfu_docs",
-    "device_peak_bytes": "hbm_peak",
 }
 _BAR_WIDTH = 20
 # Shown as percentages.
@@ -73,8 +72,6 @@ def _screen_value(key: str, value) -> str:
         return f"{100 * value:.1f}%"
     if key in _SCREEN_COUNTS:
         return _human_count(value)
-    if key == "device_peak_bytes":
-        return f"{value / 2**30:.2f}GiB"
     if isinstance(value, float):
         return _SCREEN_FORMATS.get(key, "{:.4g}").format(value)
     return str(value)

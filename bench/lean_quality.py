@@ -11,12 +11,13 @@ The method (tests/trainer/test_lean_precision.py runs it on the tiny model as th
 3. The held-out loss (the eval split, never trained on) of the start and of each fine-tune. A precision's gain
    on a seed is the start's loss minus its own; the guard: its share of float32's gain on the same seed's
    batches is at least KEEPS (0.9) on every seed. Pairing by seed takes the batches' luck out: float32's own
-   gain moves by about 10% between seeds, the share by well under 1%.
+   gain moves by 16% between seeds on the tiny model, the share by 0.012-0.015.
 
-At the fine-tune's rate most of Adam's steps are below bfloat16's spacing for weights near the median, so
-round-to-nearest bfloat16 (which drops them) keeps about 60% of float32's gain on the tiny model and fails.
-Prints every figure and the verdict; --out writes them as JSON. `--dry-run`: the tiny model on the CPU, a few
-steps (seconds; it checks the plumbing, its figures are too short to mean much).
+At the fine-tune's rate many of Adam's steps (the rate times |m| / sqrt(v), often well below the rate) are under
+half of bfloat16's spacing at their weight, so round-to-nearest bfloat16 (which drops them) keeps 0.59-0.68 of
+float32's gain on the tiny model and fails. Prints every figure and the verdict; --out writes them as JSON.
+`--dry-run`: the tiny model on the CPU, a few steps (about 25 s; it checks the plumbing, its figures are too short
+to mean much).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Plan:
     vocab_chunk: str = "auto"
 
 
-# The test suite's guard (tiny model, CPU): about a minute on 2 cores.
+# The test suite's guard (tiny model, CPU): about 40 s on 2 cores.
 TINY = Plan(seq_len=64, batch=8, pretrain_steps=100, pretrain_lr=3e-3, steps=20, lr=1e-4, seeds=3)
 DRY_RUN = dataclasses.replace(TINY, batch=4, pretrain_steps=20, steps=4, seeds=2, eval_fraction=0.01)
 # The chip's default: gemma3-270m; the fine-tune at the trainer's default rate.
@@ -168,7 +169,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.lean_quality", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--precision", choices=(*LEAN_PRECISIONS, "both"), default="both", help="the lean setting(s) compared with float32")
-    parser.add_argument("--pretrain-steps", type=int, default=CHIP.pretrain_steps, help="float32 steps from random weights to the trained start")
+    parser.add_argument("--pretrain-steps", type=int, default=CHIP.pretrain_steps,
+                        help="float32 steps from random weights to the trained start")
     parser.add_argument("--pretrain-lr", type=float, default=CHIP.pretrain_lr)
     parser.add_argument("--steps", type=int, default=CHIP.steps, help="steps of each fine-tune")
     parser.add_argument("--lr", type=float, default=CHIP.lr, help="the fine-tunes' constant rate")

@@ -21,7 +21,7 @@ from trainer.run import compile_answers
 _GIB = 2**30
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False)  # not frozen: raising sets __traceback__ (a with-block that re-raises it)
 class MemoryRefusal(UserError):
     """The compiler's verdict on a program that does not fit: `required` bytes of `what` per chip exceed
     the `available` HBM. A run that meets it stops with this one line."""

@@ -62,3 +62,17 @@ def test_the_advice_names_only_what_applies():
                         "the largest batch that fits)")
     eight = device_memory.advice(TrainConfig(), 8)
     assert "--precision lean-factored" in eight and "--lora-rank" in eight and "--mesh fsdp=8" in eight
+
+
+def test_the_compilers_refusal_leaves_a_with_block_as_itself():
+    """On the chip a refused step left the loop's compile span as a FrozenInstanceError traceback (a context
+    manager that re-raises sets the exception's __traceback__), not as the refusal's one line."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def span():
+        yield
+
+    with pytest.raises(hbm.MemoryRefusal, match="the train step does not fit"):
+        with span():
+            raise hbm.MemoryRefusal("arguments, outputs and temporaries", 17 * GIB, 15 * GIB)

@@ -92,6 +92,9 @@ class _Run:
             state, _ = step.initial_state(self.config, self.model_config, self.run_step, resuming=False)
         else:
             state = self.fresh(params)
+            for leaf in jax.tree.leaves(params):  # what the state could not take over (lean's are bfloat16), as init_state does
+                if not leaf.is_deleted():
+                    leaf.delete()
         if self.compiled is None:
             self.run_step, _, self.compiled = step.compile_run_step(
                 self.run_step, self.config, self.model_config,
@@ -148,11 +151,13 @@ def compare(model: str, data: data_lib.TokenizedData, plan: Plan, *, precisions=
             + ", ".join(f"{precision} {losses[-1]:.4f}" for precision, losses in held_out.items())
             + f" ({time.perf_counter() - began:.0f} s)")
     float32_gains = [start_loss - loss for loss in held_out["float32"]]
-    shares = {precision: [(start_loss - loss) / gain for loss, gain in zip(held_out[precision], float32_gains)]
-              for precision in precisions}
-    passed = {precision: min(share) >= plan.keeps for precision, share in shares.items()}
+    # Where float32 gains nothing there is nothing to keep a share of: no share (NaN), and the verdict fails.
+    shares = {precision: [(start_loss - loss) / gain if gain > 0 else float("nan")
+                          for loss, gain in zip(held_out[precision], float32_gains)] for precision in precisions}
+    passed = {precision: min(share) >= plan.keeps and min(float32_gains) > 0 for precision, share in shares.items()}
     say(f"float32's gain over the start: {', '.join(f'{gain:.4f}' for gain in float32_gains)} "
-        f"(spread {(max(float32_gains) - min(float32_gains)) / max(max(float32_gains), 1e-30):.1%} of the largest)")
+        + (f"(spread {(max(float32_gains) - min(float32_gains)) / max(float32_gains):.1%} of the largest)" if min(float32_gains) > 0
+           else "(none on some seed: no verdict to give but fail; a longer fine-tune or a higher --lr)"))
     for precision, share in shares.items():
         say(f"{precision}: share of float32's gain {', '.join(f'{value:.4f}' for value in share)} "
             f"(spread {max(share) - min(share):.4f}); at least {plan.keeps} on every seed: {'pass' if passed[precision] else 'FAIL'}")

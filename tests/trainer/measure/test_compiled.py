@@ -57,13 +57,14 @@ def test_the_tiny_step_compiles_for_v6e_with_its_figures(tiny_step, model_config
 
 
 def test_the_bytes_are_named_by_the_operations_they_come_from(tiny_step):
-    """Split by source, the step's HBM traffic covers the model's layers both ways and the optimizer, and
-    adds up to the compiler's own count within what padding explains (measured 0.64:
-    the tiny model's small dimensions are padded to the TPU's tiles, which only the compiler counts)."""
+    """Split by source, the step's HBM traffic names the loss head and the optimizer, and leaves out what never
+    leaves the chip: the tiny model's layers run wholly on operands XLA placed in on-chip memory (S(1)), so they
+    move no HBM bytes themselves; the prefetches that bring their weights there carry no source. The split is
+    then far below the compiler's own count, which charges on-chip operands as HBM traffic (measured 0.08)."""
     sources = tiny_step.bytes_by_source
-    for part in ("forward attn", "backward attn", "forward mlp", "backward mlp", "optimizer"):
-        assert sources[part] > 0, sources
-    assert 0.5 <= sum(sources.values()) / tiny_step.bytes_reported <= 1.2
+    for part in ("forward loss head", "optimizer", "no source (XLA's own copies and collectives)"):
+        assert sources[part] > 0, (part, sorted(sources.items()))
+    assert sum(sources.values()) < 0.2 * tiny_step.bytes_reported
 
 
 def test_on_tpu_no_tensor_is_l_by_l(tiny_step, model_config, v6e_2x2):

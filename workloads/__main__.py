@@ -133,6 +133,10 @@ def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
     if args.splits and not args.json:
         print(fit.splits_table(reports))
     misfits = [report for report in reports if not report["fits"]]
+    if not args.json:
+        for report in reports:
+            if report["fits"]:
+                print(fit.verdict(report))
     for report in misfits:
         print(f"error: {fit.advice(report)}", file=sys.stderr)
     return USER_ERROR if misfits else 0

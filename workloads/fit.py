@@ -93,6 +93,15 @@ def advice(report: dict) -> str:
             f"set gemma-tpu:training {', or '.join(changes)}")
 
 
+def verdict(report: dict) -> str:
+    """One line for a run that fits: its bytes per chip against the limit, and what they cover."""
+    needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
+    return (f"run {report['run']}: fits {report['accelerator']} {report['topology']} x {report['slices']}: {needed:.2f} of "
+            f"{usable:.2f} GiB per chip ({usable - needed:.2f} free); that is all the run keeps on a chip: the training "
+            "state, frozen weights and batch, the step's outputs, temporaries and code (samples and evaluation run "
+            "between steps, in what the step frees); the trainer checks the same against the device before its first step")
+
+
 _COLUMNS = (("run", "run", "{}"), ("slice", None, None), ("compiled GiB/chip", "compiled_bytes_per_chip", "{:.2f}"),
             ("usable GiB", "usable_hbm_bytes_per_chip", "{:.2f}"), ("headroom GiB", "headroom_gib", "{:.2f}"),
             ("largest batch", None, None), ("TFLOP/chip/step", "flops_per_chip_per_step", "{:.2f}"),

@@ -126,6 +126,15 @@ def test_a_run_that_does_not_fit_gets_by_how_much_and_what_to_change():
     assert "loraRank" not in fit.advice({**report, "lora_rank": 8})
 
 
+def test_a_run_that_fits_is_told_what_its_figure_covers():
+    report = {"run": "sweep", "accelerator": "v5e", "topology": "1x1", "slices": 1, "fits": True,
+              "compiled_bytes_per_chip": int(14.27 * 2**30), "usable_hbm_bytes_per_chip": int(15.75 * 2**30)}
+    line = fit.verdict(report)
+    assert line.startswith("run sweep: fits v5e 1x1 x 1: 14.27 of 15.75 GiB per chip (1.48 free); that is all the run "
+                           "keeps on a chip: the training state, frozen weights and batch")
+    assert "\n" not in line
+
+
 def test_fit_reads_nothing_of_the_weights(monkeypatch, tmp_path):
     """gemma-tpu:training.weights on gs:// (a Hugging Face directory or a checkpoint): fit compiles from --model's
     shapes, on a machine without Google Cloud credentials too, and asks the bucket nothing."""

@@ -216,23 +216,32 @@ def profiled(side: Side, step_s: float) -> list[step_profile.Row]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.device_side", description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=("ours", "baseline"), required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--batch", type=int, required=True,
-                        help="the largest global batch tried: the first is the estimate of what fits, halved while it does not")
+    add_case_arguments(parser, batch_help="the largest global batch tried: the first is the estimate of what fits, halved "
+                       "while it does not", accelerator_help="refuse to measure on the CPU")
     parser.add_argument("--schedule", type=int, nargs=3, metavar=("WARMUP", "REPEATS", "STEPS"), required=True)
-    parser.add_argument("--result", required=True, help="JSON file the figures are written to")
-    parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)
-    parser.add_argument("--accelerator", action="store_true", help="refuse to measure on the CPU")
     parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
                         help="what ours trains; auto: the first of full (float32), lean (bfloat16 state) and LoRA that the compiler fits")
     parser.add_argument("--exact-batch", action="store_true", help="start at --batch itself, not at the estimate of what fits")
     parser.add_argument("--profile", action="store_true", help="trace a few steps after the timing: where their time went")
+    return write_result(run, parser.parse_args(argv))
+
+
+def add_case_arguments(parser: argparse.ArgumentParser, *, batch_help: str, accelerator_help: str) -> None:
+    """The flags bench.device gives every side's process: the case, the step's choices, where figures go."""
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True, help=batch_help)
     parser.add_argument("--remat", choices=config_lib.REMATS, default="auto", help="ours' --remat")
     parser.add_argument("--vocab-chunk", type=config_lib.vocab_chunk_option, default="auto", help="ours' --vocab-chunk")
-    args = parser.parse_args(argv)
+    parser.add_argument("--result", required=True, help="JSON file the figures are written to")
+    parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)
+    parser.add_argument("--accelerator", action="store_true", help=accelerator_help)
+
+
+def write_result(measure, args) -> int:
+    """A side's figures, `measure(args)`, as JSON in --result."""
     with open(args.result, "w") as out:
-        json.dump(run(args), out)
+        json.dump(measure(args), out)
     return 0
 
 

@@ -21,8 +21,7 @@ import tempfile
 import time
 
 from bench import inputs as inputs_lib
-from bench.device_side import TRAININGS, training_label
-from trainer import config as config_lib
+from bench.device_side import TRAININGS, add_case_arguments, training_label, write_result
 from trainer.errors import UserError, entry_point
 from trainer.run.metrics import METRICS_FILE, read_metrics
 
@@ -83,23 +82,13 @@ def run(args) -> dict:
 @entry_point(prefix="bench.trainer_side: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.trainer_side", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--batch", type=int, required=True, help="the run's --batch-size (global rows a step)")
+    add_case_arguments(parser, batch_help="the run's --batch-size (global rows a step)",
+                       accelerator_help="the trainer must run on the accelerator (JAX_PLATFORMS=tpu)")
     parser.add_argument("--training", choices=tuple(TRAININGS), default="full")
-    parser.add_argument("--remat", choices=config_lib.REMATS, default="auto")
-    parser.add_argument("--vocab-chunk", type=config_lib.vocab_chunk_option, default="auto")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--trainer-arg", dest="trainer_args", action="append", default=[],
                         help="one more flag for python -m trainer, as --trainer-arg=--grad-accum-steps=4 (repeatable)")
-    parser.add_argument("--result", required=True, help="JSON file the figures are written to")
-    parser.add_argument("--workdir", default=inputs_lib.DEFAULT_WORKDIR)
-    parser.add_argument("--accelerator", action="store_true", help="the trainer must run on the accelerator (JAX_PLATFORMS=tpu)")
-    args = parser.parse_args(argv)
-    with open(args.result, "w") as out:
-        json.dump(run(args), out)
-    return 0
-
+    return write_result(run, parser.parse_args(argv))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -113,7 +113,9 @@ def _by_frames(instruction: hbm_traffic.Instruction, frames: list[tuple[str, str
     the optimizer (trainer/run/optimizer.py), the step's metrics (its train function outside the loss)."""
     ours = [(file, function) for file, function in frames if "/trainer/" in file]
     if not ours:
-        return None
+        # An optax transformation the trainer calls (float32 AdamW is optax's chain): the HLO's frames may stop at
+        # its innermost function, without the trainer's caller.
+        return "optimizer update" if frames and "/optax/" in frames[0][0] else None
     file, function = ours[0]
     if any("forward_params" in name for _, name in ours):
         return "weight casts"

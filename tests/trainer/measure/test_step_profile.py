@@ -13,12 +13,14 @@ FileNames
 1 "/work/main/trainer/run/step.py"
 2 "/work/main/trainer/run/optimizer.py"
 3 "/venv/lib/python3.11/site-packages/optax/tree_utils/_tree_math.py"
+4 "/venv/lib/python3.11/site-packages/optax/transforms/_combining.py"
 
 FunctionNames
 1 "make_step_functions.<locals>.train"
 2 "forward_params.<locals>.<lambda>"
 3 "adamw.<locals>.update"
 4 "norm"
+5 "chain.<locals>.update_fn"
 
 FileLocations
 1 {file_name_id=1 function_name_id=1 line=103 end_line=103 column=8 end_column=60}
@@ -26,6 +28,7 @@ FileLocations
 3 {file_name_id=2 function_name_id=3 line=175 end_line=175 column=12 end_column=40}
 4 {file_name_id=3 function_name_id=4 line=90 end_line=90 column=4 end_column=30}
 5 {file_name_id=1 function_name_id=1 line=111 end_line=111 column=8 end_column=60}
+6 {file_name_id=4 function_name_id=5 line=70 end_line=70 column=8 end_column=40}
 
 StackFrames
 1 {file_location_id=1 parent_frame_id=1}
@@ -33,6 +36,7 @@ StackFrames
 3 {file_location_id=3 parent_frame_id=1}
 4 {file_location_id=5 parent_frame_id=4}
 5 {file_location_id=4 parent_frame_id=4}
+6 {file_location_id=6 parent_frame_id=0}
 
 
 %fused_computation.1 (param_0: bf16[8,8], param_1: bf16[8,8]) -> bf16[8,8] {
@@ -70,6 +74,7 @@ ENTRY %main (a: bf16[8,8], b: bf16[8,8]) -> bf16[8,8] {
   %multiply.12 = bf16[8,8]{1,0} multiply(%a, %b), metadata={op_name="jit(train)/mul" stack_frame_id=3}
   %reduce.13 = f32[] reduce(%a, %b), dimensions={0,1}, to_apply=%add, metadata={op_name="jit(train)/reduce_sum" stack_frame_id=5}
   %fusion.14 = bf16[8,8]{1,0} fusion(%a), kind=kLoop, calls=%fused_cast, metadata={op_name="jit(train)/jvp(mean_loss)/convert_element_type"}
+  %subtract.16 = bf16[8,8]{1,0} subtract(%a, %b), metadata={op_name="jit(train)/sub" stack_frame_id=6}
   %exponential.15 = bf16[8,8]{1,0} exponential(%a), metadata={op_name="jit(train)/jvp(mean_loss)/exp" stack_frame_id=1}
   %fusion.2 = bf16[8,8]{0,1} fusion(%a), kind=kLoop, calls=%fused_computation.2
   %while.6 = (s32[], bf16[8,8]{1,0}) while(%a), condition=%cond, body=%body
@@ -87,6 +92,8 @@ def test_each_instruction_is_placed_by_what_it_is_and_where_it_came_from():
             # the optimizer, the metrics (the gradients' norm, in optax, called by the step's train)
             "convert.10": "weight casts", "convert.11": "weight casts", "multiply.12": "optimizer update",
             "reduce.13": "metrics", "exponential.15": "loss head",
+            # float32 AdamW is optax's chain, stored as the optimizer's update: its frames stop inside optax
+            "subtract.16": "optimizer update",
             "fusion.14": "weight casts"}  # no stack frame: a conversion alone outside the model
     found = step_profile.categories(HLO)
     assert {name: found[name] for name in want} == want

@@ -212,7 +212,7 @@ class LocalCheckpoints:
                     arrays.append(shard.data)
         host = jax.device_get(arrays)
         # On CPU a fetched array can share the device buffer, which the next step's donation reuses.
-        host = [np.array(array) if data.devices().pop().platform == "cpu" else np.asarray(array)
+        host = [np.array(array) if next(iter(data.devices())).platform == "cpu" else np.asarray(array)
                 for array, data in zip(host, arrays)]
         self._writer = threading.Thread(target=self._write, args=(step, entries, host, data_state),
                                         name=f"local checkpoint {step}", daemon=True)

@@ -97,6 +97,20 @@ def test_a_round_trip_restores_the_state_and_the_data_position_and_keeps_the_las
     assert all(np.array_equal(following[key], after_three[key]) for key in after_three)
 
 
+def test_a_save_leaves_the_states_shardings_whole_on_a_one_device_mesh(tmp_path):
+    """A process with one device (the CPU, every 1x1 slice) holds the run's mesh-sharded state: the save once
+    emptied each shard's cached device set (`devices().pop()`) and the next save failed with a KeyError."""
+    one_device = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
+    sharding = jax.sharding.NamedSharding(one_device, jax.sharding.PartitionSpec())
+    tier, warnings = _tier(tmp_path)
+    for step in (1, 2):
+        state = jax.device_put(_state(step), sharding)
+        tier.save(step, state, _Position(step))
+        assert all(len(leaf.sharding.device_set) == 1 for leaf in jax.tree.leaves(state))
+    tier.close()
+    assert sorted(path.name for path in tier.folder.iterdir()) == ["1", "2"] and not warnings
+
+
 def test_a_sharded_state_is_saved_shard_by_shard_and_restored_only_into_the_same_slices(tmp_path):
     """Four CPU devices (a subprocess: the test process has one): a leaf split over four, one split
     over two and replicated over the other two, one replicated; a replicated slice is written once."""

@@ -22,7 +22,8 @@ import time
 
 from bench import inputs as inputs_lib
 from bench.device_side import TRAININGS, add_case_arguments, training_label, write_result
-from trainer.errors import UserError, entry_point
+from trainer.errors import UserError
+from trainer.run.mesh import jax_entry_point
 from trainer.run.metrics import METRICS_FILE, read_metrics
 
 STEPS, LOG_INTERVAL = 40, 5  # reports at steps 1, 5, 10, ...: the first times nothing (compile), the second is warm-up
@@ -59,7 +60,7 @@ def figures(args, run_dir: pathlib.Path, wall_s: float) -> dict:
         # tokens the trainer counts: non-padding positions (prompts included; bench.device_side counts loss targets)
         "tokens_per_s": statistics.median(report["tokens_per_sec"] for report in reports),
         "mfu": statistics.median(mfus) if mfus else None,
-        # the trainer's own figure before step 1: bytes in use plus what the compiled step adds (trainer.run.device_memory)
+        # the trainer's own figure before step 1: bytes in use plus what the compiled step adds (trainer.run.hbm.before_first_step)
         "device_peak_bytes": (resolved.get("device_memory") or {}).get("peak_bytes"),
         "run_wall_s": wall_s, "trainer_args": args.trainer_args,
     }
@@ -79,7 +80,7 @@ def run(args) -> dict:
         return figures(args, pathlib.Path(run_dir), wall_s)
 
 
-@entry_point(prefix="bench.trainer_side: ")
+@jax_entry_point("bench.trainer_side: ")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.trainer_side", description=__doc__.splitlines()[0])
     add_case_arguments(parser, batch_help="the run's --batch-size (global rows a step)",

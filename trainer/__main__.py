@@ -29,10 +29,10 @@ def main(argv=None, *, started: float | None = None) -> int | None:
     except jax.errors.JaxRuntimeError as error:
         if "RESOURCE_EXHAUSTED" not in str(error):
             raise
-        from trainer.run import device_memory
+        from trainer.run import hbm
 
         raise UserError(f"out of device memory ({str(error).splitlines()[0][:200]}); "
-                        f"{device_memory.advice(config, jax.device_count())}") from None
+                        f"{hbm.advice(config, jax.device_count())}") from None
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from trainer import shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
-from trainer.run import checkpoint, device_memory, local_checkpoints, mesh, step
+from trainer.run import checkpoint, hbm, local_checkpoints, mesh, step
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
@@ -129,8 +129,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
             run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
-    footprint = device_memory.before_first_step(compiled_train, state, frozen)  # None where the device does not say
-    device_memory.check(footprint, config)
+    footprint = hbm.before_first_step(compiled_train, state, frozen)  # None where the device does not say
+    hbm.check_before_first_step(footprint, config)
     if is_main:
         write_resolved_config(config, workdir, model_config=model_config, inputs=inputs, total_steps=total_steps,
                               mesh_shape=dict(device_mesh.shape), compute_dtype=compute_dtype, run_step=run_step,
@@ -237,7 +237,7 @@ def batch_digest(local_batch: dict) -> str:
 
 def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_config, inputs: Inputs, total_steps: int,
                           mesh_shape: dict, compute_dtype, run_step: step.RunStep, step_fingerprint: str,
-                          footprint: device_memory.BeforeFirstStep | None = None) -> None:
+                          footprint: hbm.BeforeFirstStep | None = None) -> None:
     resolved = {
         **dataclasses.asdict(config),
         "data": inputs.data_source,
@@ -258,7 +258,7 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "vocab_chunk": run_step.vocab_chunk,  # what --vocab-chunk became (null: plain logits)
         # The lowered train step's digest: `python -m workloads fit` reports the same for the program it compiled.
         "step_fingerprint": step_fingerprint,
-        # Bytes on the fullest device before step 1 and what the step adds (trainer.run.device_memory); null on the CPU.
+        # Bytes on the fullest device before step 1 and what the step adds (trainer.run.hbm); null on the CPU.
         "device_memory": footprint and footprint.figures(),
         "model_config": dataclasses.asdict(model_config),
     }

@@ -1,5 +1,5 @@
 """Before step 1 the run compares what the device holds plus what the step needs with the device's limit,
-and stops with one line naming what else is live when they do not fit (trainer.run.device_memory)."""
+and stops with one line naming what else is live when they do not fit (trainer.run.hbm)."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.errors import UserError
-from trainer.run import device_memory, hbm
+from trainer.run import hbm
 
 GIB = 2**30
 
@@ -27,10 +27,10 @@ def stats(in_use, limit):
 def test_the_step_beside_the_state_alone_fits_and_says_its_figures(step_and_state):
     compiled, state = step_and_state
     state_bytes = 256 * 256 * 4
-    footprint = device_memory.before_first_step(compiled, state, None, memory_stats=stats(state_bytes, GIB))
+    footprint = hbm.before_first_step(compiled, state, None, memory_stats=stats(state_bytes, GIB))
     assert footprint.arguments == state_bytes
     assert footprint.step_needs == hbm.needed_bytes(compiled) - state_bytes
-    device_memory.check(footprint, TrainConfig())  # fits: nothing raised
+    hbm.check_before_first_step(footprint, TrainConfig())  # fits: nothing raised
     assert footprint.line().startswith("device memory before step 1: 0.00 GiB in use (state and frozen weights 0.00")
 
 
@@ -40,10 +40,10 @@ def test_a_leftover_array_the_step_did_not_plan_for_stops_the_run_naming_it(step
     in_use = 256 * 256 * 4 + leftover.nbytes
     step_needs = hbm.needed_bytes(compiled) - 256 * 256 * 4
     # The device holds less than its limit, but not what the step adds beside it
-    footprint = device_memory.before_first_step(compiled, state, None, memory_stats=stats(in_use, in_use + step_needs - 1))
+    footprint = hbm.before_first_step(compiled, state, None, memory_stats=stats(in_use, in_use + step_needs - 1))
     assert ("float32[1024, 1024]", leftover.nbytes) in footprint.others
     with pytest.raises(UserError) as refused:
-        device_memory.check(footprint, TrainConfig())
+        hbm.check_before_first_step(footprint, TrainConfig())
     message = str(refused.value)
     assert "GiB over; the largest other arrays: float32[1024, 1024] 0.00 GiB" in message
     assert "--mesh" not in message  # one device: splitting the state is not advice that applies
@@ -52,15 +52,15 @@ def test_a_leftover_array_the_step_did_not_plan_for_stops_the_run_naming_it(step
 
 def test_on_a_device_that_does_not_say_its_memory_nothing_is_checked(step_and_state):
     compiled, state = step_and_state
-    assert device_memory.before_first_step(compiled, state, None, memory_stats=lambda device: None) is None
-    device_memory.check(None, TrainConfig())
+    assert hbm.before_first_step(compiled, state, None, memory_stats=lambda device: None) is None
+    hbm.check_before_first_step(None, TrainConfig())
 
 
 def test_the_advice_names_only_what_applies():
-    one_chip = device_memory.advice(TrainConfig(precision="lean-factored", remat="full", lora_rank=8), 1)
+    one_chip = hbm.advice(TrainConfig(precision="lean-factored", remat="full", lora_rank=8), 1)
     assert one_chip == ("lower --batch-size or --seq-len (python -m workloads fit compiles a setting for a slice and names "
                         "the largest batch that fits)")
-    eight = device_memory.advice(TrainConfig(), 8)
+    eight = hbm.advice(TrainConfig(), 8)
     assert "--precision lean-factored" in eight and "--lora-rank" in eight and "--mesh fsdp=8" in eight
 
 

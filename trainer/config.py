@@ -106,6 +106,7 @@ class TrainConfig:
     publish_parts: tuple[str, ...] = (contract.PUBLISHED_MODEL_DIR,)  # what a version holds (contract.SERVED_PARTS)
     profile_port: int | None = None
     profile_dir: str | None = None
+    compilation_cache_dir: str | None = None  # JAX's persistent compilation cache (trainer.run.compile_answers)
     mesh: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1, "fsdp": 1})
     coordinator_address: str | None = None
     num_processes: int | None = None
@@ -341,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--profile-port", type=_port, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
     add("--profile-dir", help="write a profiler trace of a few early steps here, and print where their time went "
         "(trainer.measure.step_profile; step.hlo beside the trace)")
+    add("--compilation-cache-dir", help="JAX's persistent compilation cache, a local directory or gs:// path shared by "
+        "runs: a restarted run reads its compiled programs back instead of compiling them again; a changed program "
+        "misses (default: off)")
     add("--publish-dir", help="publish the final Hugging Face export here as a new version, PUBLISH_DIR/<UTC stamp>-<run>/hf, "
         "the one serving follows (trainer.hf.publish); default: not published")
     add("--publish-parts", type=_published_parts, help="what a published version holds: hf (the merged model) and, for a LoRA "

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from trainer import shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
-from trainer.run import checkpoint, hbm, local_checkpoints, mesh, step
+from trainer.run import checkpoint, compile_answers, hbm, local_checkpoints, mesh, step
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
@@ -69,12 +69,15 @@ def train(config: TrainConfig, *, started: float | None = None) -> dict:
             coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
         )
         mesh.require_requested_platform()
+        cache = compile_answers.use_persistent_cache(config.compilation_cache_dir) if config.compilation_cache_dir else None
         events.mark("init")
         preemption = PreemptionNotice(distributed)
         try:
             return _train(config, preemption, events)
         finally:
             preemption.close()
+            if cache is not None and jax.process_index() == 0:
+                print(f"trainer: {cache.line()}", file=sys.stderr, flush=True)
 
 
 def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) -> dict:

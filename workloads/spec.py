@@ -26,6 +26,9 @@ ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard
 # The local checkpoint tier (gemma-tpu:training.localCheckpointInterval): a memory-backed volume of the pod,
 # which outlives a crash of the trainer process (trainer.supervise restarts it in the pod) but not the pod.
 LOCAL_CHECKPOINT_MOUNT = "/local-checkpoints"
+# JAX's persistent compilation cache in the artifacts bucket, one for the stack's runs: a restarted or relaunched
+# run reads its compiled programs back (entries are keyed by program, devices and versions, so runs share it).
+COMPILATION_CACHE_DIR = "compilation-cache"
 PROFILE_PORT = 9012  # jax.profiler.start_server port, exposed when training.profiling is on
 # The port GKE reads a TPU container's runtime metrics from (duty cycle, HBM use: the
 # kubernetes.io/container/accelerator/* metrics); GKE's TPU manifests declare it on the container
@@ -228,6 +231,7 @@ def _trainer_args(config: StackConfig, run: RunConfig, data_dir: str, run_dir: s
         "--checkpoint-dir", f"{run_dir}/checkpoints",
         "--tensorboard-dir", f"{run_dir}/tensorboard",
         "--log-format", "json",  # one JSON object a line: the stack's log-based metrics read them
+        "--compilation-cache-dir", f"{ARTIFACTS_MOUNT}/{COMPILATION_CACHE_DIR}",
         # FSDP inside a slice (ICI), data parallelism across slices (DCN) and, with gemma-tpu:training.fsdp
         # below the slice's chips, inside it too.
         "--mesh", f"data=-1,fsdp={training.fsdp or config.slice.chips}",

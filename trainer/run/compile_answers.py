@@ -37,6 +37,44 @@ from trainer.run import hardware, tpu_flags
 _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
 
 
+@dataclasses.dataclass
+class PersistentCache:
+    """A run's use of JAX's persistent compilation cache (`--compilation-cache-dir`): programs read back from it
+    (`hits`, the compile seconds that saved) and written to it (`writes`), from JAX's own monitoring events."""
+
+    path: str
+    hits: int = 0
+    writes: int = 0
+    saved_s: float = 0.0
+
+    def _event(self, event: str, **_) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+        elif event == "/jax/compilation_cache/cache_misses":  # JAX's name for an entry it writes after compiling
+            self.writes += 1
+
+    def _duration(self, event: str, seconds: float, **_) -> None:
+        if event == "/jax/compilation_cache/compile_time_saved_sec":
+            self.saved_s += seconds
+
+    def line(self) -> str:
+        return (f"compilation cache {self.path}: {self.hits} programs read back (about {self.saved_s:.0f} s of compiling "
+                f"saved), {self.writes} compiled and written")
+
+
+def use_persistent_cache(path: str) -> PersistentCache:
+    """Turns on JAX's persistent compilation cache at `path` (a local directory, or gs:// through etils' path
+    layer): a restarted run reads its programs back instead of compiling them (gemma3-1b's step: minutes on a v5e
+    chip). JAX keys each entry by the program, its compile options, the devices and the jax and jaxlib versions,
+    so a changed program or another slice misses. Programs that compile in under a second are not kept (JAX's
+    default). The executables are the device's own: `fit`'s topology compiles cannot use it (above)."""
+    jax.config.update("jax_compilation_cache_dir", path)
+    cache = PersistentCache(path)
+    jax.monitoring.register_event_listener(cache._event)
+    jax.monitoring.register_event_duration_secs_listener(cache._duration)
+    return cache
+
+
 def default_cache_dir() -> pathlib.Path:
     """$XDG_CACHE_HOME/gemma-tpu/compiles, else ~/.cache/gemma-tpu/compiles."""
     return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "gemma-tpu" / "compiles"

@@ -42,22 +42,49 @@ def process_start_time() -> float:
         return time.time()
 
 
-def read_events(lines: list[str]) -> list[dict]:
-    """The events of one attempt's file; a line a kill left torn, or any unreadable one, is skipped."""
-    events = []
+# The numeric fields the accounting (trainer.measure.goodput) reads of each kind of event, beside `time`.
+REQUIRED_FIELDS = {"steps": ("first", "last", "seconds", "data_seconds"), "ready": ("start_step",),
+                   **{span: ("seconds",) for span in ("restore", "compile", "save", "eval", "export")}}
+
+
+def _readable(event) -> bool:
+    if not (isinstance(event, dict) and isinstance(event.get("event"), str)):
+        return False
+    numbers = ("time", *REQUIRED_FIELDS.get(event["event"], ()))
+    return all(isinstance(event.get(field), (int, float)) and not isinstance(event.get(field), bool) for field in numbers)
+
+
+def read_events(lines: list[str]) -> tuple[list[dict], int]:
+    """(the events of one attempt's file, how many lines were left out): a line a kill left torn, one that
+    is not JSON or not UTF-8, or an event without the numbers the accounting reads is skipped."""
+    events, skipped = [], 0
     for line in lines:
+        if not line.strip():
+            continue
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("event"), str) and isinstance(event.get("time"), (int, float)):
+            event = None
+        if _readable(event):
             events.append(event)
-    return events
+        else:
+            skipped += 1
+    return events, skipped
 
 
-def read_attempts(directory) -> list[list[dict]]:
-    """The events of every attempt in `directory` (a pathlib or etils.epath Path: local or gs://)."""
-    return [read_events(path.read_text().splitlines()) for path in sorted(directory.glob("events-*.jsonl"))]
+def read_attempts(directory, *, warn=None) -> list[list[dict]]:
+    """The events of every attempt in `directory` (a pathlib or etils.epath Path: local or gs://). A file with
+    lines that cannot be read is used without them, and `warn` (default: a line on stderr) says so once a file:
+    recording never fails a run, nor does reading what was recorded."""
+    warn = warn or (lambda line: print(f"trainer: warning: {line}", file=sys.stderr, flush=True))
+    attempts = []
+    for path in sorted(directory.glob("events-*.jsonl")):
+        events, skipped = read_events(path.read_bytes().decode("utf-8", errors="replace").splitlines())
+        if skipped:
+            warn(f"{path}: {skipped} goodput event line{'s' if skipped != 1 else ''} unreadable (not JSON, not UTF-8, "
+                 "or a field missing), left out of the accounting")
+        attempts.append(events)
+    return attempts
 
 
 class EventLog:

@@ -191,3 +191,28 @@ def assert_accounts_for_the_wall_time(workdir, *, attempts: int) -> goodput.Brea
     assert math.isclose(breakdown.wall_s, wall, rel_tol=0.01), (breakdown.wall_s, wall)
     assert breakdown.seconds[PRODUCTIVE] > 0 and breakdown.seconds["PROGRAM_STARTUP"] > 0
     return breakdown
+
+
+def test_unreadable_event_lines_are_left_out_with_one_warning_a_file_and_the_rest_is_accounted(tmp_path, capsys):
+    """A byte that is not UTF-8 stopped a run at start and the CLI with a UnicodeDecodeError; a steps event
+    without `last` crashed a resumed run at its first report (KeyError), a span without `seconds` and a ready
+    without `start_step` traced back in the CLI. Each is a line left out, said once for the file."""
+    folder = tmp_path / EVENTS_DIR
+    folder.mkdir()
+    good = _attempt(100.0, init=110.0, ready=130.0, start_step=0, compile_s=8.0, steps=[(1, 10, 150.0, 15.0, 2.0)], end=160.0)
+    bad = [b'\xff{"event": "eval", "time": 155.0, "seconds": 1.0}',
+           json.dumps({"event": "steps", "first": 11, "time": 156.0, "seconds": 1.0, "data_seconds": 0.0}).encode(),
+           json.dumps({"event": "compile", "time": 131.0}).encode(),
+           json.dumps({"event": "ready", "time": 132.0}).encode(),
+           json.dumps({"event": "save", "time": 157.0, "seconds": "2"}).encode()]
+    (folder / "events-0001.jsonl").write_bytes(b"\n".join([json.dumps(event).encode() for event in good] + bad) + b"\n")
+    warnings = []
+    (events,) = read_attempts(folder, warn=warnings.append)
+    assert events == good
+    assert warnings == [f"{folder / 'events-0001.jsonl'}: 5 goodput event lines unreadable (not JSON, not UTF-8, or a "
+                        "field missing), left out of the accounting"]
+    _sums_to_wall(account([events]), 60.0)
+    # The CLI prints the table, the warning once on stderr
+    assert main([str(tmp_path)]) == contract.OK
+    captured = capsys.readouterr()
+    assert "goodput of" in captured.out and captured.err.count("5 goodput event lines unreadable") == 1

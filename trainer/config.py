@@ -179,7 +179,7 @@ def _local_directory(text: str) -> str:
     return text
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
@@ -200,7 +200,7 @@ def _port(text: str) -> int:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -211,7 +211,7 @@ def _non_negative_float(text: str) -> float:
 
 
 def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
+    value = non_negative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
@@ -226,7 +226,7 @@ def _published_parts(text: str) -> tuple[str, ...]:
 
 
 def _fraction(text: str) -> float:
-    value = _non_negative_float(text)
+    value = non_negative_float(text)
     if value >= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
     return value
@@ -255,17 +255,17 @@ def format_mesh(sizes: dict[str, int]) -> str:
     return ",".join(f"{axis}={size}" for axis, size in sizes.items())
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """Reports a bad flag as a UserError (one line, exit USER_ERROR) instead of usage text."""
 
     def error(self, message: str):
-        raise UserError(f"{message} (see python -m trainer --help)")
+        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     # Every default is SUPPRESS so that the parsed namespace holds only what the user gave;
     # TrainConfig and PRESET_VALUES hold the defaults.
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m trainer",
         description="Fine-tune Gemma 3 (or a tiny Gemma-architecture model on CPU) on packed, masked text batches.",
         argument_default=argparse.SUPPRESS,
@@ -295,10 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--epochs", type=_positive_int, help=f"passes over the data when --steps is unset (default {d.epochs})")
     add("--lr", type=_positive_float, help=f"peak learning rate (default {d.lr})")
     add("--lr-schedule", choices=LR_SCHEDULES, help=f"after the linear warmup: cosine decay to 0 or constant (default {d.lr_schedule})")
-    add("--warmup-steps", type=_non_negative_int, help=f"linear warmup steps (default {d.warmup_steps})")
-    add("--weight-decay", type=_non_negative_float, help=f"AdamW weight decay on matrices (default {d.weight_decay})")
+    add("--warmup-steps", type=non_negative_int, help=f"linear warmup steps (default {d.warmup_steps})")
+    add("--weight-decay", type=non_negative_float, help=f"AdamW weight decay on matrices (default {d.weight_decay})")
     add("--grad-clip", type=_positive_float, help=f"clip gradients to this global norm (default {d.grad_clip})")
-    add("--lora-rank", type=_non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
+    add("--lora-rank", type=non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
     add("--lora-weights", help="a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) for the LoRA run to "
         "start from, on its base --weights; its r is --lora-rank")
     add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--coordinator-address", help=f"HOST:PORT of process 0, for multi-process runs (env {DISTRIBUTED_ENV['coordinator_address']})")
     add("--num-processes", type=_positive_int, help=f"number of processes; 1 alone: one process, without cluster detection "
         f"(env {DISTRIBUTED_ENV['num_processes']})")
-    add("--process-id", type=_non_negative_int, help=f"this process's index (env {DISTRIBUTED_ENV['process_id']})")
+    add("--process-id", type=non_negative_int, help=f"this process's index (env {DISTRIBUTED_ENV['process_id']})")
     add("--samples", action=argparse.BooleanOptionalAction, help=f"print sample generations from fixed prompts before and after training (default {'on' if d.samples else 'off'})")
     return parser
 

@@ -29,6 +29,14 @@ if action == "orphan":
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     (counter.parent / "worker").write_text(str(worker.pid))
     action = "kill9"
+if action == "orphan_ends":  # a helper whose own child outlives it briefly, while this trainer runs on
+    helper = subprocess.run(["sh", "-c", "sleep 0.3 & echo $!"], capture_output=True, text=True)
+    orphan = helper.stdout.strip()
+    time.sleep(2)
+    stat = pathlib.Path("/proc/" + orphan + "/stat")
+    state = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else "gone"
+    (counter.parent / "orphan_after_it_ended").write_text(state)
+    sys.exit(0)
 if action == "kill9":
     os.kill(os.getpid(), signal.SIGKILL)
 if action.startswith("exit:"):
@@ -39,10 +47,11 @@ time.sleep(60)
 """
 
 
-def _supervise(tmp_path, *plan, restarts=3) -> subprocess.Popen:
+def _supervise(tmp_path, *plan, restarts=3, window=3600) -> subprocess.Popen:
     child = tmp_path / "child.py"
     child.write_text(CHILD)
-    command = [sys.executable, "-m", "trainer.supervise", "--restarts", str(restarts), "--pause", "0", "--",
+    command = [sys.executable, "-m", "trainer.supervise", "--restarts", str(restarts), "--pause", "0",
+               "--restart-window", str(window), "--",
                sys.executable, str(child), str(tmp_path / "starts"), *plan]
     return subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
 
@@ -90,7 +99,38 @@ def test_after_n_restarts_the_childs_code_is_the_supervisors(tmp_path):
     supervisor = _supervise(tmp_path, "kill9", restarts=2)
     _, stderr = supervisor.communicate(timeout=30)
     assert supervisor.returncode == 128 + signal.SIGKILL and _starts(tmp_path) == 3
-    assert [line.split("attempt ")[1] for line in stderr.splitlines() if "restarting" in line] == ["1 of 2", "2 of 2"]
+    assert [line.split("attempt ")[1] for line in stderr.splitlines() if "restarting" in line] == [
+        "1 of 2 within 3600 s", "2 of 2 within 3600 s"]
+
+
+def test_the_budget_counts_only_the_crashes_within_the_window(tmp_path):
+    """Before, the budget never reset: a run that crashed once a day ran out of restarts in a few days."""
+    supervisor = _supervise(tmp_path, "kill9", "kill9", "kill9", "exit:0", restarts=1, window=0)
+    _, stderr = supervisor.communicate(timeout=30)
+    assert supervisor.returncode == contract.OK and _starts(tmp_path) == 4, stderr
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--pause", "nan", "--", "true"], "argument --pause: expected a finite number >= 0, got 'nan'"),
+    (["--pause", "-1", "--", "true"], "argument --pause: expected a finite number >= 0, got '-1'"),
+    (["--restarts", "-1", "--", "true"], "argument --restarts: expected an integer >= 0, got '-1'"),
+    (["--", "/nonexistent/cmd"], "cannot start /nonexistent/cmd: No such file or directory"),
+])
+def test_a_bad_argument_or_command_is_one_line(argv, line, capsys):
+    from trainer.supervise import main
+
+    assert main(argv) == contract.USER_ERROR
+    (printed,) = capsys.readouterr().err.splitlines()
+    assert printed.startswith(f"trainer.supervise: error: {line}")
+
+
+def test_an_orphan_that_ends_while_the_trainer_runs_is_reaped_at_once(tmp_path):
+    """The supervisor is the container's first process (here: the trainer's subreaper): a process the trainer's
+    children left behind falls to it when it ends, and stayed a zombie until the trainer itself ended."""
+    supervisor = _supervise(tmp_path, "orphan_ends", restarts=0)
+    supervisor.communicate(timeout=30)
+    assert supervisor.returncode == contract.OK
+    assert (tmp_path / "orphan_after_it_ended").read_text() == "gone"
 
 
 def _running(pid: int) -> bool:

@@ -26,7 +26,11 @@ if (counter.parent / "worker").exists():  # a later start: is the first one's wo
     stat = pathlib.Path("/proc/" + (counter.parent / "worker").read_text() + "/stat")
     (counter.parent / "worker_at_restart").write_text(stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else "gone")
 if action == "orphan":
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # A worker that ignores SIGTERM, as a loader's busy worker may: only SIGKILL ends it for sure.
+    worker = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                               "open(__import__('sys').argv[1], 'w').close(); time.sleep(120)", str(counter.parent / "armed")])
+    while not (counter.parent / "armed").exists():
+        time.sleep(0.01)
     (counter.parent / "worker").write_text(str(worker.pid))
     action = "kill9"
 if action == "orphan_ends":  # a helper whose own child outlives it briefly, while this trainer runs on

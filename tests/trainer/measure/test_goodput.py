@@ -216,3 +216,23 @@ def test_unreadable_event_lines_are_left_out_with_one_warning_a_file_and_the_res
     assert main([str(tmp_path)]) == contract.OK
     captured = capsys.readouterr()
     assert "goodput of" in captured.out and captured.err.count("5 goodput event lines unreadable") == 1
+
+
+def test_a_step_is_lost_if_any_later_attempt_resumed_before_it_and_the_cli_reads_every_attempt(tmp_path, capsys):
+    """Three attempts: the second resumed after step 20 (the local tier) and was killed too; the third
+    resumed after step 10 (the persistent tier, the local one gone with its pods). The first attempt's steps
+    11..30 were all computed again: the earliest later resume decides, not the latest."""
+    first = _attempt(100.0, init=101.0, ready=102.0, start_step=0,
+                     steps=[(1, 10, 112.0, 10.0, 0.0), (11, 20, 122.0, 10.0, 0.0), (21, 30, 132.0, 10.0, 0.0)])
+    second = _attempt(140.0, init=141.0, ready=142.0, start_step=20, steps=[(21, 25, 147.0, 5.0, 0.0)])
+    third = _attempt(150.0, init=151.0, ready=152.0, start_step=10, steps=[(11, 40, 182.0, 30.0, 0.0)], end=182.0)
+    breakdown = account([first, second, third])
+    _sums_to_wall(breakdown, 82.0)
+    assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == 20.0 + 5.0  # the first's 11..30, the second's 21..25
+    assert breakdown.seconds[PRODUCTIVE] == 10.0 + 30.0
+    run = tmp_path / "run"
+    (run / EVENTS_DIR).mkdir(parents=True)
+    for number, attempt in enumerate((first, second, third), 1):
+        (run / EVENTS_DIR / f"events-{number}.jsonl").write_text("".join(json.dumps(event) + "\n" for event in attempt))
+    assert main([str(run)]) == contract.OK
+    assert f"goodput of {run}: {breakdown.goodput:.1%} over 3 attempts" in capsys.readouterr().out

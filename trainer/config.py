@@ -193,6 +193,16 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+SEED_LIMIT = 2**32  # what SentencePiece and numpy's generators take
+
+
+def _seed(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {SEED_LIMIT - 1}, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = _int(text)
     if not 1 <= value <= 65535:
@@ -331,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--local-checkpoint-interval", type=_local_checkpoint_interval, help="steps between local checkpoints; auto: chosen "
         "from the first local save so that saving costs under 2%% of the step time (default auto)")
     add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")
-    add("--seed", type=_int, help=f"seed for initialisation and data order (default {d.seed})")
+    add("--seed", type=_seed, help=f"seed for initialisation and data order (default {d.seed})")
     add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run); "
         "tiny-chat: the same on a generated chat corpus, trained on the model's answers")
     add("--config", help="YAML file whose keys are these flags' names with underscores; flags given here override it")
@@ -365,6 +375,8 @@ def _yaml_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
         values = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"--config {path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"--config {path}: a directory; give a YAML file") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise UserError(f"--config {path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if values is None:

@@ -154,7 +154,7 @@ def read_run(workdir: str, *, tokenizer: str | None = None) -> Run:
     config_file = pathlib.Path(workdir) / "config.json"
     try:
         recorded = json.loads(config_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"--run {workdir}: no config.json there; pass the --workdir of a trainer run") from None
     except json.JSONDecodeError as error:
         raise UserError(f"--run {workdir}: {config_file} is not JSON ({error}); pass the --workdir of a trainer run") from None
@@ -279,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     mesh.require_requested_platform()
     _require_free(pathlib.Path(args.out))
+    if args.publish is not None:
+        publish.check_publish_dir(args.publish, flag="--publish")
     if args.publish and args.lora_export != "merged":
         raise UserError(f"--publish with --lora-export {args.lora_export}: a version serves the base and its adapter together; "
                         "export both, then python -m trainer.hf.publish --part base --part adapter")
@@ -287,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
-    if args.publish:
+    if args.publish is not None:
         version = publish.publish(args.publish, publish.run_id(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
         print(f"trainer.export: published {version}")
 

@@ -7,6 +7,7 @@ import datetime
 import importlib
 import json
 import pathlib
+import types
 
 import pytest
 from etils.epath import backend, gpath
@@ -160,6 +161,42 @@ def test_a_publish_dir_under_a_file_is_one_line(published_run, tmp_path, capsys)
     assert publish_main(["--run", str(workdir), "--publish-dir", str(tmp_path / "notes" / "published")]) == contract.USER_ERROR
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--publish-dir {tmp_path / 'notes' / 'published'}: {tmp_path / 'notes'} is a file" in err
+
+
+def test_an_empty_publish_dir_is_refused_in_one_line_by_each_command(published_run, tmp_path, monkeypatch, capsys):
+    """`--publish-dir ''` published into the current folder and exited 0; `trainer.export --publish ''` published
+    nothing and said nothing."""
+    workdir, _ = published_run
+    monkeypatch.chdir(tmp_path)
+    assert publish_main(["--run", str(workdir), "--publish-dir", ""]) == contract.USER_ERROR
+    assert capsys.readouterr().err == ("trainer.hf.publish: error: --publish-dir '': empty; give a folder or a gs:// path "
+                                       "to publish versions in\n")
+    assert export_main(["--run", str(workdir), "--out", str(tmp_path / "hf"), "--publish", ""]) == contract.USER_ERROR
+    assert capsys.readouterr().err == ("trainer.export: error: --publish '': empty; give a folder or a gs:// path to "
+                                       "publish versions in\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_storage_error_without_a_message_is_still_one_line(monkeypatch):
+    """An exception whose message is empty ended the check with an IndexError."""
+    class Refused(Exception):
+        pass
+
+    def exists():
+        raise Refused()
+
+    unreachable = lambda path: types.SimpleNamespace(exists=exists)  # noqa: E731
+    monkeypatch.setattr(publish, "epath", types.SimpleNamespace(Path=unreachable))
+    with pytest.raises(UserError) as refused:
+        publish.check_publish_dir("gs://bucket/published")
+    assert str(refused.value).startswith("--publish-dir gs://bucket/published: cannot reach it (Refused: Refused);")
+
+
+def test_export_of_a_file_instead_of_a_run_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes").write_text("a file")
+    assert export_main(["--run", str(tmp_path / "notes"), "--out", str(tmp_path / "hf")]) == contract.USER_ERROR
+    assert capsys.readouterr().err == (f"trainer.export: error: --run {tmp_path / 'notes'}: no config.json there; pass "
+                                       "the --workdir of a trainer run\n")
 
 
 def test_the_trainer_refuses_a_publish_dir_under_a_file_before_training(tmp_path, prepared_dir, tokenizer_path):

@@ -42,6 +42,22 @@ PUBLISHED_PARTS = (PUBLISHED_MODEL_DIR, "base", "adapter")
 # and what a version must hold for serving to pick it.
 SERVED_PARTS = {"merged": (PUBLISHED_MODEL_DIR,), "adapter": ("base", "adapter")}
 
+
+def published_marker(text: str | None) -> dict | None:
+    """A version's PUBLISHED_MARKER_FILE as trainer.hf.publish writes it ({"run": str, "parts": [str], and "step":
+    int where the step is known}), or None for anything else (not JSON, a list, a field of another type): such a version is not one
+    a run or serving may take. The one reader of the marker, for the trainer and the workloads alike."""
+    import json
+
+    try:
+        marker = json.loads(text or "")
+    except ValueError:
+        return None
+    if not (isinstance(marker, dict) and isinstance(marker.get("run"), str) and type(marker.get("step", 0)) is int
+            and isinstance(marker.get("parts"), list) and all(isinstance(part, str) for part in marker["parts"])):
+        return None
+    return marker
+
 # Goodput (trainer.measure.goodput): every report line carries GOODPUT_KEY, the share of the run's
 # paid wall time (all attempts, the gaps between them included) that trained steps kept, and one
 # BADPUT_KEYS share per category of the rest. The categories are ml-goodput-measurement's BadputType

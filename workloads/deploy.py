@@ -9,7 +9,6 @@ run adds only its resources, removing one removes only its training object (and 
 of a dataset no run trains on any more), and a change to one run's settings replaces only it.
 """
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import PROJECT, RunConfig, StackConfig
-from trainer.contract import PUBLISHED_MARKER_FILE
+from trainer.contract import PUBLISHED_MARKER_FILE, published_marker
 from workloads import manifests, preparation, serving
 from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_shape, run_spec
 
@@ -162,11 +161,8 @@ def versions_newest_first(published_dir: str, object_names) -> list[tuple[str, s
 
 def holds(marker: str | None, parts: tuple[str, ...]) -> bool:
     """Whether a version whose marker reads `marker` holds `parts` (trainer.hf.publish writes them in it)."""
-    try:
-        held = json.loads(marker or "").get("parts", ())
-    except (ValueError, AttributeError):
-        return False
-    return set(parts) <= set(held)
+    read = published_marker(marker)
+    return read is not None and set(parts) <= set(read["parts"])
 
 
 class ServingDeployment(pulumi.ComponentResource):

@@ -122,7 +122,8 @@ def test_a_version_serves_a_mode_only_when_its_marker_names_the_parts_the_mode_n
 
 
 def test_a_marker_that_names_no_parts_serves_nothing():
-    assert not any(deploy.holds(text, ("hf",)) for text in (None, "", "not json", "[]", json.dumps({"run": "r"})))
+    assert not any(deploy.holds(text, ("hf",)) for text in (None, "", "not json", "[]", json.dumps({"run": "r"}),
+                                                           json.dumps({"run": "r", "parts": None})))  # was a TypeError
 
 
 def test_each_served_version_has_a_smoke_job_of_its_own():

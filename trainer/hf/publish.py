@@ -49,11 +49,8 @@ def published_versions(publish_dir) -> list[str]:
 def published_step(publish_dir, run_id: str, step: int, parts) -> str | None:
     """The newest complete version that already holds `parts` of `run_id` at training step `step`, or None."""
     for name in reversed(published_versions(publish_dir)):
-        try:
-            marker = json.loads((epath.Path(publish_dir) / name / contract.PUBLISHED_MARKER_FILE).read_text())
-        except ValueError:
-            continue
-        if marker.get("run") == run_id and marker.get("step") == step and set(parts) <= set(marker.get("parts", ())):
+        marker = contract.published_marker((epath.Path(publish_dir) / name / contract.PUBLISHED_MARKER_FILE).read_text())
+        if marker is not None and marker["run"] == run_id and marker.get("step") == step and set(parts) <= set(marker["parts"]):
             return name
     return None
 

@@ -192,6 +192,16 @@ def test_a_storage_error_without_a_message_is_still_one_line(monkeypatch):
     assert str(refused.value).startswith("--publish-dir gs://bucket/published: cannot reach it (Refused: Refused);")
 
 
+def test_another_runs_marker_that_is_no_object_is_passed_over(tmp_path):
+    """A published.json holding a JSON list made the finished run exit 1 (AttributeError) and publish nothing."""
+    published = tmp_path / "published"
+    odd = published / "20260101T000000Z-other"
+    odd.mkdir(parents=True)
+    (odd / contract.PUBLISHED_MARKER_FILE).write_text("[1, 2]\n")
+    assert publish.published_step(str(published), "nobody", 1, ("hf",)) is None
+    assert contract.published_marker("[1, 2]") is None and contract.published_marker('{"run": "r", "parts": null}') is None
+
+
 def test_export_of_a_file_instead_of_a_run_is_one_line(tmp_path, capsys):
     (tmp_path / "notes").write_text("a file")
     assert export_main(["--run", str(tmp_path / "notes"), "--out", str(tmp_path / "hf")]) == contract.USER_ERROR

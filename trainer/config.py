@@ -453,6 +453,10 @@ def _run_length(layers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _check_consistency(config: TrainConfig) -> None:
+    if "://" in config.workdir:
+        raise UserError(f"--workdir {config.workdir}: the run directory is a local folder (on GKE the stacks mount the "
+                        "artifacts bucket at /artifacts and run there); for a bucket give --checkpoint-dir and "
+                        "--publish-dir gs://... and a local --workdir")
     if config.batch_size % config.grad_accum_steps:
         raise UserError(f"--batch-size {config.batch_size} does not split into --grad-accum-steps {config.grad_accum_steps} "
                         "micro-batches: give a batch size that is a multiple of the accumulation steps")

@@ -118,6 +118,10 @@ CASES = (
            error="argument --lr: expected a finite number >= 0, got '-0.001'" + HELP),
     BadRun(section=FLAGS, case="learning rate nan", args=("--lr", "nan"),
            error="argument --lr: expected a finite number >= 0, got 'nan'" + HELP),
+    BadRun(section=FLAGS, case="a bucket as the run directory", args=("--workdir", "gs://my-bucket/run"),
+           error="--workdir gs://my-bucket/run: the run directory is a local folder (on GKE the stacks mount the "
+           "artifacts bucket at /artifacts and run there); for a bucket give --checkpoint-dir and --publish-dir "
+           "gs://... and a local --workdir"),
     BadRun(section=FLAGS, case="negative seed", args=("--seed=-1",),
            error="argument --seed: expected an integer from 0 to 4294967295, got '-1'" + HELP),
     BadRun(section=FLAGS, case="seed too large", args=("--seed", str(2**32)),

@@ -2,6 +2,8 @@
 prepared-data marker and the marks of its JSON log lines. No heavy imports: the workload builders,
 the image build and the stack's log-based metrics read it."""
 
+import json
+
 OK = 0
 # A user error (bad flag, config or data file): retrying cannot help, so the run fails at once.
 USER_ERROR = 2
@@ -47,8 +49,6 @@ def published_marker(text: str | None) -> dict | None:
     """A version's PUBLISHED_MARKER_FILE as trainer.hf.publish writes it ({"run": str, "parts": [str], and "step":
     int where the step is known}), or None for anything else (not JSON, a list, a field of another type): such a version is not one
     a run or serving may take. The one reader of the marker, for the trainer and the workloads alike."""
-    import json
-
     try:
         marker = json.loads(text or "")
     except ValueError:

@@ -9,7 +9,7 @@ The compiler plans the train step with its arguments (state, frozen weights, bat
 other array the process keeps on the device is memory the step did not plan for (gemma3-1b lean-factored
 compiled at 14.70 GiB of the v5e chip's 15.75, then ran out of memory at step 1 beside 3.7 GiB of float32
 initial weights the loop still held). So a run also looks at the device once before its first step
-(`before_first_step`, `check`), where the device says what it holds (TPU, GPU; not the CPU).
+(`before_first_step`, `check_before_first_step`), where the device says what it holds (TPU, GPU; not the CPU).
 """
 
 from __future__ import annotations
@@ -92,16 +92,22 @@ def needed_bytes(compiled) -> int:
 ARGUMENTS = "arguments (training state, frozen weights, batch)"  # what arguments_refusal refuses
 
 
+def bytes_per_device(arrays) -> dict:
+    """Device -> the bytes of `arrays` (arrays, or shapes with shardings) it holds: a shard of each on every
+    device of its sharding (a replicated array whole on each)."""
+    per_device: dict = {}
+    for leaf in jax.tree.leaves(arrays):
+        shard_bytes = math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
+        for device in leaf.sharding.device_set:
+            per_device[device] = per_device.get(device, 0) + shard_bytes
+    return per_device
+
+
 def argument_bytes_per_chip(arguments) -> int:
     """What a program's arguments (arrays or shapes with shardings) take on the chip holding most of
     them, known before compiling: the compiler's `argument_size_in_bytes` less its padding of small
     arrays to the TPU's tiles, so never more than the compiler counts."""
-    per_device: dict = {}
-    for leaf in jax.tree.leaves(arguments):
-        shard_bytes = math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
-        for device in leaf.sharding.device_set:
-            per_device[device] = per_device.get(device, 0) + shard_bytes
-    return max(per_device.values(), default=0)
+    return max(bytes_per_device(arguments).values(), default=0)
 
 
 def arguments_refusal(arguments, devices) -> MemoryRefusal | None:
@@ -156,10 +162,6 @@ class BeforeFirstStep:
                 f"{_gib(self.peak)} of {_gib(self.limit)} GiB")
 
 
-def _bytes_on(device, arrays) -> int:
-    return sum(shard.data.nbytes for array in arrays for shard in array.addressable_shards if shard.device == device)
-
-
 def before_first_step(compiled, state, frozen, *, memory_stats=lambda device: device.memory_stats()) -> BeforeFirstStep | None:
     """What the fullest local device holds now, beside what `compiled` (the train step) needs; None on a
     device that does not report its memory (`memory_stats(device)`: jax's figures of it)."""
@@ -171,9 +173,9 @@ def before_first_step(compiled, state, frozen, *, memory_stats=lambda device: de
     arguments = [leaf for leaf in jax.tree.leaves((state, frozen)) if isinstance(leaf, jax.Array)]
     argument_ids = {id(leaf) for leaf in arguments}
     others = [array for array in jax.live_arrays() if id(array) not in argument_ids and not array.is_deleted()]
-    other_bytes = sorted(((f"{array.dtype.name}{list(array.shape)}", _bytes_on(device, [array])) for array in others),
+    other_bytes = sorted(((f"{array.dtype.name}{list(array.shape)}", bytes_per_device(array).get(device, 0)) for array in others),
                          key=lambda item: -item[1])
-    on_device = _bytes_on(device, arguments)
+    on_device = bytes_per_device(arguments).get(device, 0)
     return BeforeFirstStep(in_use=stats[device]["bytes_in_use"], limit=stats[device]["bytes_limit"], arguments=on_device,
                            others=tuple(item for item in other_bytes if item[1]),
                            step_needs=max(0, needed_bytes(compiled) - on_device))

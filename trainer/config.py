@@ -179,6 +179,12 @@ def _local_directory(text: str) -> str:
     return text
 
 
+def _directory(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory (a local folder or a gs:// path), got ''")
+    return text
+
+
 def non_negative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
@@ -352,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--profile-port", type=_port, help="start the JAX profiler server on this port (for XProf / TensorBoard capture)")
     add("--profile-dir", help="write a profiler trace of a few early steps here, and print where their time went "
         "(trainer.measure.step_profile; step.hlo beside the trace)")
-    add("--compilation-cache-dir", help="JAX's persistent compilation cache, a local directory or gs:// path shared by "
+    add("--compilation-cache-dir", type=_directory, help="JAX's persistent compilation cache, a local directory or gs:// path shared by "
         "runs: a restarted run reads its compiled programs back instead of compiling them again; a changed program "
         "misses (default: off)")
     add("--publish-dir", help="publish the final Hugging Face export here as a new version, PUBLISH_DIR/<UTC stamp>-<run>/hf, "

@@ -122,6 +122,8 @@ CASES = (
            error="--workdir gs://my-bucket/run: the run directory is a local folder (on GKE the stacks mount the "
            "artifacts bucket at /artifacts and run there); for a bucket give --checkpoint-dir and --publish-dir "
            "gs://... and a local --workdir"),
+    BadRun(section=FLAGS, case="an empty compilation cache", args=("--compilation-cache-dir", ""),
+           error="argument --compilation-cache-dir: expected a directory (a local folder or a gs:// path), got ''" + HELP),
     BadRun(section=FLAGS, case="negative seed", args=("--seed=-1",),
            error="argument --seed: expected an integer from 0 to 4294967295, got '-1'" + HELP),
     BadRun(section=FLAGS, case="seed too large", args=("--seed", str(2**32)),
@@ -284,6 +286,9 @@ CASES = (
            provided={"other.model": "a tokenizer of 400 pieces"},
            error="--data prepared: prepared with tokenizer" + OPEN_END),
     # Tokenizer, weights, checkpoints, workdir
+    BadRun(section=MODEL_FILES, case="a compilation cache under a file", args=("--compilation-cache-dir", "notes/cache"),
+           files={"notes": b"a file"}, described="with `notes` a file",
+           error="--compilation-cache-dir notes/cache: cannot use it (Not a directory); choose a folder this job can write"),
     BadRun(section=MODEL_FILES, case="missing tokenizer", args=("--tokenizer", "missing.model"),
            error="tokenizer missing.model: file not found; pass the path of a SentencePiece .model file"),
     BadRun(section=MODEL_FILES, case="tokenizer that is not one", args=("--tokenizer", "stories.txt"),

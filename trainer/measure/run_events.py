@@ -10,7 +10,10 @@ The events, each with `time` (seconds since the epoch, when it ended):
            (one record per log interval, so that a long run's file stays small)
   restore, compile, save, eval, export   a span of `seconds` (restore and save name their `step`)
   end      the attempt ended; `status` is "done" or the exception that ended it
-A killed process writes no `end`: its last flushed event is where it stopped.
+A killed process writes no `end`. Its last steps record is still current to its last step: the record of
+the steps since the last flush is rewritten in place after every step, padded to a fixed width at the end of
+the file (one small write, no new line), so that the steps a kill loses count as steps a later attempt
+computed again, and a report of a running or killed attempt reaches its last step.
 
 Recording must never fail a run: a write that fails warns once and recording stops.
 """
@@ -29,6 +32,8 @@ EVENTS_DIR = "goodput"
 # each, so that a report's accounting does not grow with the run.
 RECURRING = ("steps", "save", "eval", "export")
 SPAN_FIELDS = ("seconds", "data_seconds")
+# The width a steps line is padded to, so that its rewrite after the next step covers it (module docstring).
+STEPS_LINE_WIDTH = 256
 
 
 def process_start_time() -> float:
@@ -95,6 +100,9 @@ class EventLog:
     def __init__(self, started: float | None = None, *, clock=time.time):
         self._clock = clock
         self._path: pathlib.Path | None = None
+        self._fd: int | None = None  # the file, open from the first write after a flush to the next flush
+        self._written = 0  # the bytes of the file in finished lines; the current steps line follows them
+        self._steps_width = STEPS_LINE_WIDTH  # of the current steps line, never narrower than its last write
         self._writing = True
         self._unwritten: list[dict] = []
         self._steps: dict | None = None  # the steps since the last flush
@@ -112,13 +120,15 @@ class EventLog:
         directory = workdir / EVENTS_DIR
         started = self._live[0]["time"]
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"{started % 1:.6f}"[1:]
+        path = directory / f"events-{stamp}Z-{os.getpid()}.jsonl"
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self.previous = read_attempts(directory)
+            self._written = path.stat().st_size if path.exists() else 0  # appended to, never overwritten
         except OSError as error:
             self._stop(directory, error)
             return
-        self._path = directory / f"events-{stamp}Z-{os.getpid()}.jsonl"
+        self._path = path
         self.flush()
 
     def mark(self, event: str, **fields) -> None:
@@ -148,6 +158,8 @@ class EventLog:
         self._steps.update(time=end, last=number)
         self._steps["seconds"] += end - began
         self._steps["data_seconds"] += began - waited
+        if self._path is not None:
+            self._write(self._line(self._steps))
 
     def attempts(self) -> list[list[dict]]:
         """Every attempt's events so far, this one's recurring events summed into one record each (the
@@ -160,16 +172,18 @@ class EventLog:
         return [*self.previous, self._live + list(sums.values())]
 
     def flush(self) -> None:
-        """Writes what waits, the steps since the last flush as one record."""
+        """Writes what waits, the steps since the last flush as one record (over the line that held them),
+        and closes the file (on a FUSE-mounted bucket, the close uploads it)."""
         self._end_steps()
         if self._path is None or not self._unwritten:
             return
-        try:
-            with self._path.open("a", encoding="utf-8") as file:
-                file.write("".join(json.dumps(event) + "\n" for event in self._unwritten))  # one write: a kill tears one line
-        except OSError as error:
-            self._stop(self._path, error)
+        text = "".join(self._line(event) for event in self._unwritten)
         self._unwritten = []
+        if self._write(text):
+            self._written += len(text.encode())
+            self._steps_width = STEPS_LINE_WIDTH
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self):
         return self
@@ -193,10 +207,31 @@ class EventLog:
             self._ready = self._ready or kind == "ready"
             self._live.append(event)
 
+    def _line(self, event: dict) -> str:
+        """`event` as a line; a steps line padded (JSON allows the spaces) to the width its rewrites keep."""
+        line = json.dumps(event)
+        if event["event"] != "steps":
+            return line + "\n"
+        self._steps_width = max(self._steps_width, len(line))
+        return line.ljust(self._steps_width) + "\n"
+
+    def _write(self, text: str) -> bool:
+        """Writes `text` after the finished lines, in one write (a kill tears one line at most)."""
+        try:
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o666)
+            os.pwrite(self._fd, text.encode(), self._written)
+            return True
+        except OSError as error:
+            self._stop(self._path, error)
+            return False
+
     def _stop(self, where, error: OSError) -> None:
         print(f"trainer: warning: {where}: recording the run's goodput events failed ({error.strerror or error}); "
               "the run goes on without them", file=sys.stderr, flush=True)
-        self._writing, self._path, self._unwritten, self._live = False, None, [], []
+        if self._fd is not None:
+            os.close(self._fd)
+        self._writing, self._path, self._fd, self._unwritten, self._live = False, None, None, [], []
 
 
 def _summed(earlier: dict | None, event: dict) -> dict:

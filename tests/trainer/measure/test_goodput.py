@@ -2,6 +2,10 @@
 
 import json
 import math
+import pathlib
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -236,3 +240,47 @@ def test_a_step_is_lost_if_any_later_attempt_resumed_before_it_and_the_cli_reads
         (run / EVENTS_DIR / f"events-{number}.jsonl").write_text("".join(json.dumps(event) + "\n" for event in attempt))
     assert main([str(run)]) == contract.OK
     assert f"goodput of {run}: {breakdown.goodput:.1%} over 3 attempts" in capsys.readouterr().out
+
+
+# An attempt with a log interval of 5 on a clock of one second a step (step k ends at 2 + k), which says
+# each step it has done on stdout and waits to be killed.
+_KILLED_ATTEMPT = """
+import pathlib, sys, time
+from trainer.measure.run_events import EventLog
+now = [0.0]
+log = EventLog(started=0.0, clock=lambda: now[0])
+log.open(pathlib.Path(sys.argv[1]), is_main=True)
+now[0] = 1.0
+log.mark("init")
+now[0] = 2.0
+log.mark("ready", start_step=0)
+for number in range(1, 8):
+    began = now[0]
+    now[0] += 1.0
+    log.step(number, waited=began, began=began)
+    if number % 5 == 0:
+        log.flush()
+    print(number, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkill_loses_the_steps_after_the_last_report_as_wasted_progress_and_they_count_to_the_last_step(tmp_path):
+    """Killed after step 7, its last flush at step 5, and resumed from the checkpoint of step 5: steps 6 and
+    7 were computed again (wasted, 2 s), and the attempt counts to step 7's end (9 s), not to its last flush
+    (booking 6 and 7 as infrastructure recovery, and cutting a killed last attempt short)."""
+    killed = subprocess.Popen([sys.executable, "-c", _KILLED_ATTEMPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              cwd=pathlib.Path(__file__).parents[3])
+    try:
+        assert [killed.stdout.readline().strip() for _ in range(7)][-1] == "7"
+    finally:
+        killed.kill()
+    assert killed.wait() == -signal.SIGKILL
+    (events,) = read_attempts(tmp_path / EVENTS_DIR, warn=pytest.fail)
+    assert account([events]).wall_s == 9.0
+    resumed = _attempt(20.0, init=21.0, ready=22.0, start_step=5, steps=[(6, 10, 27.0, 5.0, 0.0)], end=27.0)
+    breakdown = account([events, resumed])
+    _sums_to_wall(breakdown, 27.0)
+    assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == 2.0
+    assert breakdown.seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == 20.0 - 9.0
+    assert breakdown.seconds[PRODUCTIVE] == 5.0 + 5.0

@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
-from trainer import contract, shared_files
+from trainer import contract, run_identity, shared_files
 from trainer.model import models
 from trainer.run import checkpoint, mesh
 
@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish is not None:
-        version = publish.publish(args.publish, publish.run_id(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
+        version = publish.publish(args.publish, run_identity.identity(run.workdir), {contract.PUBLISHED_MODEL_DIR: pathlib.Path(args.out)})
         print(f"trainer.export: published {version}")
 
 

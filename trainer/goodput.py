@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from trainer import run_identity
 from trainer.errors import UserError, entry_point
 from trainer.measure import goodput
 from trainer.measure.run_events import EVENTS_DIR, read_attempts
@@ -21,7 +22,8 @@ def run_breakdown(workdir: str) -> goodput.Breakdown:
 
     directory = epath.Path(workdir) / EVENTS_DIR
     try:
-        attempts = [events for events in read_attempts(directory) if events]
+        run = run_identity.recorded(epath.Path(workdir))
+        attempts = [events for events in read_attempts(directory, run=run) if events]
     except OSError as error:
         raise UserError(f"{workdir}: cannot read its goodput events ({error})") from None
     if not attempts:

@@ -16,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from trainer import shared_files
+from trainer import run_identity, shared_files
 from trainer.model import models, sampling
 from trainer.nn import precision
 from trainer.run import checkpoint, compile_answers, hbm, local_checkpoints, mesh, step
@@ -87,7 +87,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"--workdir {config.workdir}: cannot use it ({error.strerror}); choose a directory this job can write") from None
-    events.open(workdir, is_main=is_main)
+    events.open(workdir, is_main=is_main, run=run_identity.record(workdir, dataclasses.asdict(config)) if is_main else None)
     if config.publish_dir is not None:
         publish.check_publish_dir(config.publish_dir)
     if config.profile_port:
@@ -439,7 +439,7 @@ def export_final(workdir: pathlib.Path, state, frozen, *, config: TrainConfig, m
 
 def publish_export(workdir: pathlib.Path, publish_dir: str, parts: tuple[str, ...], *, step: int) -> None:
     """The run's export at `step` as a new version of `publish_dir`, unless one already holds it."""
-    already = publish.published_step(publish_dir, publish.run_id(workdir), step, parts)
+    already = publish.published_step(publish_dir, run_identity.identity(workdir), step, parts, warn=checkpoint.print_warning)
     if already is not None:
         print(f"trainer: step {step} of this run is published already, as {already}; nothing new to publish",
               file=sys.stderr, flush=True)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
     render.add_argument("--out", "--output", dest="out", type=pathlib.Path, help="write one YAML file per object into this directory")
     render.add_argument("--served-version", help="the published version serving serves, as `pulumi up` finds the newest "
-                        "(e.g. 20261205T120000Z-RUN); default: none published yet, no serving replicas")
+                        "(e.g. 20261205T120000Z-RUN-0123abcd.hf); default: none published yet, no serving replicas")
     fit = commands.add_parser("fit", help="compile each run's training step for its TPU slice: memory per chip, cost, largest batch")
     fit.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
     fit.add_argument("--run", help="only this run of gemma-tpu:runs (default: every run)")
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = render_config(args.stack)
+        if args.command == "render" and args.served_version is not None:
+            serving.check_served_version(config, args.served_version)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR

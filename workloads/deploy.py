@@ -16,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import PROJECT, RunConfig, StackConfig
-from trainer.contract import PUBLISHED_MARKER_FILE, published_marker
+from trainer.contract import PUBLISHED_MARKER_FILE, holds_parts, published_marker
 from workloads import manifests, preparation, serving
 from workloads.spec import PREPARE_DEADLINE_SECONDS, RunSpec, prepared_key, run_shape, run_spec
 
@@ -159,10 +159,11 @@ def versions_newest_first(published_dir: str, object_names) -> list[tuple[str, s
                   reverse=True)  # fmt: skip
 
 
-def holds(marker: str | None, parts: tuple[str, ...]) -> bool:
-    """Whether a version whose marker reads `marker` holds `parts` (trainer.hf.publish writes them in it)."""
-    read = published_marker(marker)
-    return read is not None and set(parts) <= set(read["parts"])
+def holds(marker: str | None, parts: tuple[str, ...], *, source: str, warn=None) -> bool:
+    """Whether a version whose marker (object `source`) reads `marker` holds `parts` (trainer.hf.publish writes
+    them in it); a marker that is not one holds nothing, and `warn` says so once."""
+    read = published_marker(marker, source=source, warn=warn)
+    return read is not None and holds_parts(read["parts"], parts)
 
 
 class ServingDeployment(pulumi.ComponentResource):
@@ -175,8 +176,8 @@ class ServingDeployment(pulumi.ComponentResource):
     text); with none it applies the Deployment at zero replicas (no TPU node) and the smoke Job
     suspended, and says so. It does not wait for the Deployment (its rollout takes the pool's node and
     the first compile); when a version is served it waits for that version's smoke Job instead, so an
-    update that ends well has had one chat request answered. `smoke` says what answered, None at zero
-    replicas; `commands` are the user's (port-forward, curl, logs). The ServiceAccount is
+    update that ends well has had one chat request answered by that version itself (workloads.serving's
+    smoke_script asks it by its own name). `smoke` says which version answered, None at zero replicas; `commands` are the user's (port-forward, curl, logs). The ServiceAccount is
     infra.cloud.identity's, from the same builder."""
 
     spec: pulumi.Output[serving.ServingSpec]
@@ -193,7 +194,8 @@ class ServingDeployment(pulumi.ComponentResource):
             if not candidates:
                 return None
             (version, marker), rest = candidates[0], candidates[1:]
-            return read(marker).apply(lambda text: version if holds(text, config.serving.parts) else newest(rest))
+            return read(marker).apply(lambda text: version if holds(text, config.serving.parts, warn=pulumi.log.warn,
+                                                                    source=f"gs://{config.artifacts_bucket}/{marker}") else newest(rest))
 
         names = listed(run.spec.apply(lambda run_spec: marker_glob(run_spec.publish_dir)))
         version = pulumi.Output.all(run.spec, names).apply(lambda found: newest(versions_newest_first(found[0].publish_dir, found[1])))
@@ -237,6 +239,6 @@ class ServingDeployment(pulumi.ComponentResource):
 def _smoke_line(spec: serving.ServingSpec) -> str:
     logs = serving.serving_commands(spec)["smokeLogs"]
     if spec.serving:
-        return f"answered by {spec.served_version}; read the answer with: {logs}"
+        return f"answered by {spec.served_version} itself (asked as {spec.version_model}); read the answer with: {logs}"
     return (f"no version answered yet: none in gs://{spec.artifacts_bucket}/{spec.published_dir} holds {' and '.join(spec.parts)} "
             "(the run publishes its export when it ends): no replicas, no TPU node; pulumi up again once one does")

@@ -15,7 +15,10 @@ programs go to a writable volume (VLLM_XLA_CACHE_PATH, tpu-inference's JAX compi
 
 A ClusterIP Service on port 8000 (nothing public), a PodMonitoring for Managed Prometheus, an
 optional HorizontalPodAutoscaler on waiting requests, and a smoke Job for each served version (a
-small python image, not vLLM's) that waits for the server and sends it one chat request.
+small python image, not vLLM's) that sends one chat request to the version itself: the server answers
+to the run's name and to <run>@<version> (version_model), and only the new version's pods know the
+second, so an old pod still serving during the rollout, or a new one that never gets ready, answers
+nothing and the Job goes on asking.
 """
 
 import hashlib
@@ -29,7 +32,8 @@ from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, SHM_GIB, mirrored_image, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
 from infra.catalog.names import NODE_POOL_LABEL
-from trainer.contract import PUBLISHED_MODEL_DIR
+from infra.errors import ConfigError
+from trainer.contract import PUBLISHED_MODEL_DIR, holds_parts, published_version_parts
 from workloads.pods import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, object_metadata, pod_metadata, pod_security
 from workloads.spec import RunSpec
 
@@ -123,6 +127,11 @@ class ServingSpec:
         return f"{SERVING_NAME}-smoke-{hashlib.sha256(self.served_version.encode()).hexdigest()[:8]}"
 
     @property
+    def version_model(self) -> str:
+        """The served model's name that only the served version's pods answer to (the smoke Job asks it)."""
+        return f"{self.served_model}@{self.served_version}"
+
+    @property
     def model_path(self) -> str:
         return f"{MODEL_MOUNT}/{'base' if self.adapter_rank else PUBLISHED_MODEL_DIR}"
 
@@ -135,10 +144,25 @@ class ServingSpec:
         return f"http://{SERVING_NAME}.{self.namespace}.svc:{SERVING_PORT}"
 
 
+def check_served_version(config: StackConfig, served_version: str) -> None:
+    """The parts rule for a version named, not chosen by its marker (`render --served-version`): its name
+    says what it holds (trainer.contract.published_version_parts), which must be what the serving serves. A
+    name from before versions named their parts cannot be checked; `pulumi up` goes by its marker."""
+    if config.serving is None:
+        raise ConfigError(f"--served-version {served_version}: the stack has no gemma-tpu:serving to serve it")
+    held = published_version_parts(served_version)
+    if held is not None and not holds_parts(held, config.serving.parts):
+        mode = "adapter" if config.serving.lora_rank else "merged"
+        raise ConfigError(f"--served-version {served_version}: it holds {' and '.join(held)}, and gemma-tpu:serving.lora "
+                          f"{mode} serves {' and '.join(config.serving.parts)}; name a version that holds them")
+
+
 def serving_spec(config: StackConfig, run: RunSpec, served_version: str | None) -> ServingSpec:
     """The serving of `run` (the RunSpec of config.serving.run) at `served_version`, the newest complete
-    version in its publish folder (None: nothing published yet)."""
+    version in its publish folder that holds what the serving serves (None: nothing published yet)."""
     serving = config.serving
+    if served_version is not None:
+        check_served_version(config, served_version)
     # Standard: the serving pool by name (training pods of the same shape go to theirs); Autopilot
     # provisions a node from the selectors alone.
     pool = {NODE_POOL_LABEL: SERVING_POOL} if config.cluster_mode == "standard" else {}
@@ -181,12 +205,15 @@ def server_args(spec: ServingSpec) -> list[str]:
         f"--tensor-parallel-size={spec.chips}",
         f"--max-model-len={spec.max_model_len}",
     ]  # fmt: skip
+    # The model answers to <run>@<version> (ServingSpec.version_model: the smoke Job asks it) and to <run>;
+    # vLLM names the first in its answers (some versions: in every answer), so an answer carries its version.
+    names = [*([spec.version_model] if spec.serving else []), spec.served_model]
     if spec.adapter_rank is None:
-        return [*args, f"--served-model-name={spec.served_model}"]
-    # The base answers as <run>-base, the run's adapter as <run>.
+        return [*args, "--served-model-name", *names]
+    # The base answers as <run>-base, the run's adapter by the names above (the same files).
     return [*args, f"--served-model-name={spec.served_model}-base", "--enable-lora",
-            f"--lora-modules={spec.served_model}={spec.adapter_path}", f"--max-lora-rank={spec.adapter_rank}",
-            "--max-loras=1"]  # fmt: skip
+            "--lora-modules", *(f"{name}={spec.adapter_path}" for name in names),
+            f"--max-lora-rank={spec.adapter_rank}", "--max-loras=1"]  # fmt: skip
 
 
 def _probe(failures: int, period: int = _PROBE_PERIOD_SECONDS) -> dict[str, Any]:
@@ -322,27 +349,35 @@ def autoscaler(spec: ServingSpec) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def chat_request(spec: ServingSpec) -> dict[str, Any]:
-    return {"model": spec.served_model, "messages": [{"role": "user", "content": _SMOKE_PROMPT}], "max_tokens": 64}
+def chat_request(spec: ServingSpec, model: str | None = None) -> dict[str, Any]:
+    """One chat request for `model` (default: the run's name, as clients ask)."""
+    return {"model": model or spec.served_model, "messages": [{"role": "user", "content": _SMOKE_PROMPT}], "max_tokens": 64}
+
+
+def smoke_script(spec: ServingSpec) -> str:
+    """Asks the served version itself (version_model) one chat request, as long as it takes: the node comes
+    up and vLLM compiles, and until the new version's pod is ready nothing answers, or an old pod answers
+    404 (it does not know the name). Any other refusal fails the Job. Prints the answer with the name of the
+    model that gave it; vLLM applies the export's chat template."""
+    return "\n".join([
+        "import json, time, urllib.request",
+        f"url = {spec.url!r}",
+        f"body = {json.dumps(chat_request(spec, spec.version_model))!r}.encode()",
+        "while True:",
+        f"    request = urllib.request.Request(url + {CHAT_PATH!r}, body, {{'Content-Type': 'application/json'}})",
+        "    try:",
+        "        answer = json.load(urllib.request.urlopen(request, timeout=300)); break",
+        "    except OSError as error:  # no server yet, or an HTTPError: 404 from a pod of another version",
+        "        if getattr(error, 'code', 404) != 404: raise",
+        f"        print('waiting for {spec.version_model} at', url, '-', error, flush=True); time.sleep(30)",
+        "print('answer of', answer['model'] + ':', answer['choices'][0]['message']['content'])",
+    ])  # fmt: skip
 
 
 def smoke_job(spec: ServingSpec) -> dict[str, Any]:
-    """Waits for the server to be ready, as long as it takes (the node comes up and vLLM compiles),
-    sends it one chat request (vLLM applies the export's chat template) and prints the answer.
-    Suspended while nothing is published: it would wait for a server that has no replicas."""
-    script = "\n".join([
-        "import json, time, urllib.request",
-        f"url = {spec.url!r}",
-        "while True:",
-        "    try:",
-        f"        urllib.request.urlopen(url + {HEALTH_PATH!r}, timeout=10); break",
-        "    except OSError as error:",
-        "        print('waiting for vLLM at', url, '-', error, flush=True); time.sleep(30)",
-        f"body = {json.dumps(chat_request(spec))!r}.encode()",
-        f"request = urllib.request.Request(url + {CHAT_PATH!r}, body, {{'Content-Type': 'application/json'}})",
-        "answer = json.load(urllib.request.urlopen(request, timeout=300))",
-        "print('answer:', answer['choices'][0]['message']['content'])",
-    ])  # fmt: skip
+    """The smoke_script's Job. Suspended while nothing is published: it would wait for a server that has no
+    replicas."""
+    script = smoke_script(spec)
     container = {
         "name": SMOKE_CONTAINER,
         "image": spec.smoke_image,

@@ -236,7 +236,8 @@ def test_nothing_published_no_tpu_pod_and_a_suspended_smoke_job(monkeypatch):
     assert "only-dir=published/tinystories/20261205T120000Z-tinystories-bbbb" in model["csi"]["volumeAttributes"]["mountOptions"]
     job = _smoke(published.resources)
     assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "false"}
-    assert published.outputs["servingSmoke"] == ("answered by 20261205T120000Z-tinystories-bbbb; read the answer with: "
+    assert published.outputs["servingSmoke"] == ("answered by 20261205T120000Z-tinystories-bbbb itself (asked as "
+                                                 "tinystories@20261205T120000Z-tinystories-bbbb); read the answer with: "
                                                  f"kubectl logs -n training job/{job['metadata']['name']}")
 
 
@@ -247,7 +248,7 @@ def test_a_new_version_has_a_smoke_job_of_its_own_that_answers_for_it(monkeypatc
     rolled = preview(stack_values("serving"), "serving")
     second = _smoke(rolled.resources)["metadata"]["name"]
     assert first != second  # a new Job, which asks the new version again
-    assert rolled.outputs["servingSmoke"].startswith("answered by 20261205T120000Z-tinystories-bbbb;")
+    assert rolled.outputs["servingSmoke"].startswith("answered by 20261205T120000Z-tinystories-bbbb itself")
 
 
 def test_adapter_serving_serves_the_newest_version_with_a_base_and_an_adapter(monkeypatch):

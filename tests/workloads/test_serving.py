@@ -82,7 +82,10 @@ def test_the_run_is_served_under_its_own_name_from_its_published_version():
     config = serving_config({"maxModelLen": 4096})
     serving_spec = serving.serving_spec(config, spec_of(config), VERSION)
     args = container(pod(serving_spec), serving.SERVER_CONTAINER)["args"]
-    assert {"--model=/model/hf", "--served-model-name=gemma-finetune", "--max-model-len=4096", "--port=8000"} <= set(args)
+    assert {"--model=/model/hf", "--max-model-len=4096", "--port=8000"} <= set(args)
+    # The version's own name first: vLLM names it in its answers, and the smoke Job asks it.
+    names = args.index("--served-model-name")
+    assert args[names + 1:names + 3] == [f"gemma-finetune@{VERSION}", "gemma-finetune"]
     assert serving_spec.version_dir == f"published/gemma-finetune/{VERSION}"
     trainer_args = spec_of(config).trainer_args
     assert ("--publish-dir", f"/artifacts/{serving_spec.published_dir}") in zip(trainer_args, trainer_args[1:])
@@ -118,12 +121,21 @@ def test_only_complete_versions_of_the_runs_folder_are_served():
 ])  # fmt: skip
 def test_a_version_serves_a_mode_only_when_its_marker_names_the_parts_the_mode_needs(mode, holding, held):
     parts = spec({"lora": mode}).parts
-    assert deploy.holds(json.dumps({"run": "r", "parts": holding}), parts) is held
+    assert deploy.holds(json.dumps({"run": "r", "parts": holding}), parts, source="marker", warn=pytest.fail) is held
 
 
-def test_a_marker_that_names_no_parts_serves_nothing():
-    assert not any(deploy.holds(text, ("hf",)) for text in (None, "", "not json", "[]", json.dumps({"run": "r"}),
-                                                           json.dumps({"run": "r", "parts": None})))  # was a TypeError
+def test_a_marker_that_names_no_parts_serves_nothing_and_is_said_once():
+    warnings = []
+    bad = ("", "not json", "[]", json.dumps({"run": "r"}), json.dumps({"run": "r", "parts": None}))
+    assert not any(deploy.holds(text, ("hf",), source=f"m{number}", warn=warnings.append) for number, text in enumerate(bad))
+    assert warnings == [
+        "m0: not a version's marker (not JSON); that version is left out",
+        "m1: not a version's marker (not JSON); that version is left out",
+        "m2: not a version's marker (a JSON list, not an object); that version is left out",
+        "m3: not a version's marker (\"parts\" is not a list of names); that version is left out",
+        "m4: not a version's marker (\"parts\" is not a list of names); that version is left out",
+    ]
+    assert not deploy.holds(None, ("hf",), source="gone", warn=pytest.fail)  # no marker: nothing to say
 
 
 def test_each_served_version_has_a_smoke_job_of_its_own():
@@ -147,8 +159,9 @@ def test_no_pod_requests_a_tpu_before_an_export_is_published():
 
 def test_an_adapter_is_served_on_the_base_under_the_runs_name():
     args = container(pod(spec(VARIANTS["adapter"])), serving.SERVER_CONTAINER)["args"]
-    assert {"--model=/model/base", "--enable-lora", "--lora-modules=gemma-finetune=/model/adapter", "--max-lora-rank=16",
-            "--served-model-name=gemma-finetune-base"} <= set(args)  # fmt: skip
+    assert {"--model=/model/base", "--enable-lora", "--max-lora-rank=16", "--served-model-name=gemma-finetune-base"} <= set(args)
+    modules = args.index("--lora-modules")
+    assert args[modules + 1:modules + 3] == [f"gemma-finetune@{VERSION}=/model/adapter", "gemma-finetune=/model/adapter"]
 
 
 def test_the_version_is_mounted_read_only_and_alone():
@@ -246,8 +259,7 @@ def test_the_smoke_job_asks_the_served_model_through_the_service_from_a_small_im
     assert smoke["image"] != serving_spec.image and "python" in smoke["image"] and "@sha256:" in smoke["image"]
     assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     script = smoke["command"][-1]
-    compile(script, "smoke", "exec")  # the Job runs it with python3 -c
-    assert "http://vllm.training.svc:8000" in script and "/v1/chat/completions" in script and "/health" in script
+    assert script == serving.smoke_script(serving_spec)
     assert serving.chat_request(serving_spec)["model"] == "gemma-finetune"
     commands = serving.serving_commands(serving_spec)
     assert commands["portForward"] == "kubectl port-forward -n training service/vllm 8000:8000"
@@ -309,3 +321,91 @@ def test_render_shows_the_serving_of_a_version_or_of_none(capsys):
     served = rendered_deployment("--served-version", VERSION)
     assert served["spec"]["replicas"] == 1
     assert f"only-dir=published/tinystories/{VERSION}" in json.dumps(served)
+
+
+class _Rollout:
+    """The Service during a rollout, as urllib sees it: nothing ready, then only the old version's pod,
+    which answers to the run's name and 404 to any other, then the new version's pod."""
+
+    def __init__(self, new_model: str):
+        self.new_model, self.asked = new_model, []
+
+    def __call__(self, request, timeout):
+        import io
+        import urllib.error
+
+        model = json.loads(request.data)["model"]
+        self.asked.append(model)
+        if len(self.asked) == 1:
+            raise urllib.error.URLError("connection refused")
+        if len(self.asked) == 2 and model != "gemma-finetune":
+            raise urllib.error.HTTPError(request.full_url, 404, f"The model `{model}` does not exist.", None, None)
+        served = "the old version" if len(self.asked) == 2 else model
+        answer = {"model": model, "choices": [{"message": {"content": f"hello from {served}"}}]}
+        return io.BytesIO(json.dumps(answer).encode())
+
+
+def test_the_smoke_job_asks_the_new_version_itself_and_waits_through_the_rollout(monkeypatch, capsys):
+    """The Job asked the run's name, which any ready pod answers (the old one during a rollout, maxSurge 1):
+    "answered by VERSION" named a version that may never have answered. It asks <run>@<version>, which only
+    the new version's pods answer; the old pod's 404 is waited through like a server not up yet."""
+    import time
+    import urllib.request
+
+    serving_spec = spec()
+    rollout = _Rollout(serving_spec.version_model)
+    monkeypatch.setattr(urllib.request, "urlopen", rollout)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    exec(serving.smoke_script(serving_spec), {})
+    assert rollout.asked == [f"gemma-finetune@{VERSION}"] * 3
+    assert capsys.readouterr().out.splitlines()[-1] == (f"answer of gemma-finetune@{VERSION}: hello from "
+                                                        f"gemma-finetune@{VERSION}")
+
+
+def test_a_refusal_other_than_an_unknown_model_fails_the_smoke_job(monkeypatch):
+    import time
+    import urllib.error
+    import urllib.request
+
+    asked = []
+
+    def refuses(request, timeout):
+        asked.append(request)
+        assert len(asked) == 1, "asked again after a 400"
+        raise urllib.error.HTTPError(request.full_url, 400, "bad request", None, None)
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuses)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    with pytest.raises(urllib.error.HTTPError):
+        exec(serving.smoke_script(spec()), {})
+
+
+def _adapter_stack(tmp_path) -> str:
+    """The serving stack with gemma-tpu:serving.lora adapter, as a stack file."""
+    values = yaml.safe_load(open("Pulumi.serving.yaml"))
+    values["config"]["gemma-tpu:serving"]["lora"] = "adapter"
+    values["config"]["gemma-tpu:training"]["loraRank"] = 16
+    values["config"]["gcp:project"] = "acme-ml-123"
+    path = tmp_path / "Pulumi.adapter.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def test_render_applies_the_parts_rule_to_a_version_it_is_given(tmp_path, capsys):
+    """`render --served-version` of a version holding only hf, on a stack serving an adapter, rendered vLLM
+    with --model=/model/base, which the version does not hold: the rule was `pulumi up`'s choice alone."""
+    from workloads.__main__ import main
+
+    adapter_stack = _adapter_stack(tmp_path)
+    merged_only = "20261205T120000Z-tinystories-0123abcd.hf"
+    assert main(["render", "--stack", adapter_stack, "--served-version", merged_only]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: --served-version {merged_only}: it holds hf, and gemma-tpu:serving.lora adapter serves base and adapter; "
+        "name a version that holds them\n")
+    assert main(["render", "--stack", adapter_stack, "--served-version", "20261205T120000Z-tinystories-0123abcd.adapter+base"]) == 0
+    assert "--model=/model/base" in capsys.readouterr().out
+    assert main(["render", "--stack", "serving", "--served-version", merged_only]) == 0
+    capsys.readouterr()
+    assert main(["render", "--stack", "dev", "--served-version", merged_only]) == 2
+    assert capsys.readouterr().err.endswith(f"\nerror: --served-version {merged_only}: the stack has no gemma-tpu:serving to serve it\n")

@@ -1,8 +1,9 @@
 """`python -m trainer.hf.publish --run WORKDIR --publish-dir DIR`: a run's Hugging Face export, published
 as a new version that serving follows (docs/serving.md).
 
-A version is PUBLISH_DIR/<UTC stamp>-<run id>/, holding the export's directories (hf/; for a base
-with its adapter, base/ and adapter/) and, last, trainer.contract.PUBLISHED_MARKER_FILE, which names
+A version is PUBLISH_DIR/<UTC stamp>-<run identity>.<parts>/ (trainer.contract.published_version_name;
+the identity is trainer.run_identity's), holding the export's directories (hf/; for a base with its
+adapter, base/ and adapter/) and, last, trainer.contract.PUBLISHED_MARKER_FILE, which names the run and
 them. PUBLISH_DIR is a local folder or gs://BUCKET/PATH, written through etils.epath as checkpoints
 are (a bucket has no folder to rename into place, so the files go to the version's own name): a
 reader that goes by the marker never sees part of a version, and a version is never written over (a
@@ -22,20 +23,11 @@ import sys
 
 from etils import epath
 
-from trainer import contract, shared_files
+from trainer import contract, run_identity, shared_files
 from trainer.errors import UserError, entry_point
 from trainer.storage_failures import first_line
 
 _COPY_CHUNK = 16 * 2**20
-
-
-def run_id(workdir: pathlib.Path) -> str:
-    """What a version names its run by: the run's directory (workloads: the run object's name)."""
-    return workdir.resolve().name
-
-
-def version_name(run_id: str, now: datetime.datetime) -> str:
-    return f"{now.astimezone(datetime.timezone.utc).strftime(contract.PUBLISHED_STAMP_FORMAT)}-{run_id}"
 
 
 def published_versions(publish_dir) -> list[str]:
@@ -46,11 +38,14 @@ def published_versions(publish_dir) -> list[str]:
     return sorted(path.name for path in root.iterdir() if (path / contract.PUBLISHED_MARKER_FILE).is_file())
 
 
-def published_step(publish_dir, run_id: str, step: int, parts) -> str | None:
-    """The newest complete version that already holds `parts` of `run_id` at training step `step`, or None."""
+def published_step(publish_dir, run: str, step: int, parts, *, warn=None) -> str | None:
+    """The newest complete version of run `run` (its identity) at training step `step` that holds `parts`, or
+    None; a marker that is not one is passed over, `warn` saying so once (trainer.contract.published_marker)."""
     for name in reversed(published_versions(publish_dir)):
-        marker = contract.published_marker((epath.Path(publish_dir) / name / contract.PUBLISHED_MARKER_FILE).read_text())
-        if marker is not None and marker["run"] == run_id and marker.get("step") == step and set(parts) <= set(marker["parts"]):
+        path = epath.Path(publish_dir) / name / contract.PUBLISHED_MARKER_FILE
+        marker = contract.published_marker(path.read_text(), source=str(path), warn=warn)
+        if (marker is not None and marker["run"] == run and marker.get("step") == step
+                and contract.holds_parts(marker["parts"], parts)):
             return name
     return None
 
@@ -91,19 +86,19 @@ def _write_marker(version: epath.Path, text: str) -> None:
         shared_files.write_text_atomically(pathlib.Path(version) / contract.PUBLISHED_MARKER_FILE, text)
 
 
-def publish(publish_dir, run_id: str, parts: dict[str, pathlib.Path], *, now: datetime.datetime | None = None,
+def publish(publish_dir, run: str, parts: dict[str, pathlib.Path], *, now: datetime.datetime | None = None,
             step: int | None = None) -> epath.Path:
     """Copies each of `parts` (name in contract.PUBLISHED_PARTS -> a Hugging Face directory) into a new
-    version of `publish_dir`, then writes its marker, and returns the version's path. `step`: the
-    training step the weights are of, when known. Call it from one process only."""
+    version of `publish_dir` for run `run` (its identity), then writes its marker, and returns the version's
+    path. `step`: the training step the weights are of, when known. Call it from one process only."""
     for name, source in parts.items():
         if not (source / "config.json").is_file() and not (source / "adapter_config.json").is_file():
             raise UserError(f"{source}: no Hugging Face export there (no config.json); nothing to publish as {name}/")
     check_publish_dir(publish_dir)
-    version = epath.Path(publish_dir) / version_name(run_id, now or datetime.datetime.now(datetime.timezone.utc))
+    version = epath.Path(publish_dir) / contract.published_version_name(run, parts, now or datetime.datetime.now(datetime.timezone.utc))
     if version.exists():
         raise UserError(f"{version}: already published (a version is never written over); publish again in a second")
-    marker = {"run": run_id, "parts": sorted(parts), "sources": {part: str(source) for part, source in parts.items()},
+    marker = {"run": run, "parts": sorted(parts), "sources": {part: str(source) for part, source in parts.items()},
               **({"step": step} if step is not None else {})}
     try:
         for part, source in parts.items():
@@ -119,7 +114,7 @@ def publish(publish_dir, run_id: str, parts: dict[str, pathlib.Path], *, now: da
 def publish_run(workdir: pathlib.Path, publish_dir, parts: tuple[str, ...] = (contract.PUBLISHED_MODEL_DIR,), *,
                 step: int | None = None) -> epath.Path:
     """The run's WORKDIR/export/<part> directories as one new version."""
-    return publish(publish_dir, run_id(workdir), {part: workdir / "export" / part for part in parts}, step=step)
+    return publish(publish_dir, run_identity.identity(workdir), {part: workdir / "export" / part for part in parts}, step=step)
 
 
 def parse_args(argv) -> argparse.Namespace:

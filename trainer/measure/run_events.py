@@ -3,7 +3,8 @@ per attempt (a process of process index 0, a restart being a new attempt), one J
 trainer.measure.goodput turns the events of all attempts into the goodput table.
 
 The events, each with `time` (seconds since the epoch, when it ended):
-  start    the process started (from /proc when the entry point asks for it)
+  start    the process started (from /proc when the entry point asks for it); `run`: the run's identity
+           (trainer.run_identity), so that another run's attempts in the folder are not counted as this one's
   init     the distributed system and the devices are up
   ready    inputs, model and state are prepared and the step compiled: the loop starts after `start_step`
   steps    steps `first`..`last`: `seconds` computing them, `data_seconds` blocked on their batches
@@ -77,10 +78,11 @@ def read_events(lines: list[str]) -> tuple[list[dict], int]:
     return events, skipped
 
 
-def read_attempts(directory, *, warn=None) -> list[list[dict]]:
-    """The events of every attempt in `directory` (a pathlib or etils.epath Path: local or gs://). A file with
-    lines that cannot be read is used without them, and `warn` (default: a line on stderr) says so once a file:
-    recording never fails a run, nor does reading what was recorded."""
+def read_attempts(directory, *, run: str | None = None, warn=None) -> list[list[dict]]:
+    """The events of every attempt in `directory` (a pathlib or etils.epath Path: local or gs://) of run `run`
+    (an attempt that names another run is left out; one from before attempts named their run is kept). A file
+    with lines that cannot be read is used without them; `warn` (default: a line on stderr) says what was left
+    out, once a file: recording never fails a run, nor does reading what was recorded."""
     warn = warn or (lambda line: print(f"trainer: warning: {line}", file=sys.stderr, flush=True))
     attempts = []
     for path in sorted(directory.glob("events-*.jsonl")):
@@ -88,6 +90,10 @@ def read_attempts(directory, *, warn=None) -> list[list[dict]]:
         if skipped:
             warn(f"{path}: {skipped} goodput event line{'s' if skipped != 1 else ''} unreadable (not JSON, not UTF-8, "
                  "or a field missing), left out of the accounting")
+        other = next((event.get("run") for event in events if event["event"] == "start"), None)
+        if run is not None and other is not None and other != run:
+            warn(f"{path}: the goodput events of run {other}, not of this folder's run {run}; left out of the accounting")
+            continue
         attempts.append(events)
     return attempts
 
@@ -112,18 +118,21 @@ class EventLog:
         self._ready = False
         self._record({"event": "start", "time": self._clock() if started is None else started, "pid": os.getpid()})
 
-    def open(self, workdir: pathlib.Path, *, is_main: bool) -> None:
-        """Starts writing this attempt's file in `workdir`, after reading the earlier attempts'."""
+    def open(self, workdir: pathlib.Path, *, is_main: bool, run: str | None = None) -> None:
+        """Starts writing this attempt's file in `workdir`, after reading the earlier attempts' of run `run`
+        (its identity, which the start event records)."""
         if not is_main:
             self._writing, self._unwritten, self._live = False, [], []
             return
+        if run is not None:
+            self._live[0]["run"] = run  # the start event, not written yet
         directory = workdir / EVENTS_DIR
         started = self._live[0]["time"]
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"{started % 1:.6f}"[1:]
         path = directory / f"events-{stamp}Z-{os.getpid()}.jsonl"
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            self.previous = read_attempts(directory)
+            self.previous = read_attempts(directory, run=run)
             self._written = path.stat().st_size if path.exists() else 0  # appended to, never overwritten
         except OSError as error:
             self._stop(directory, error)

@@ -7,14 +7,13 @@ import datetime
 import importlib
 import json
 import pathlib
-import types
 
 import pytest
 from etils.epath import backend, gpath
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 from tests.trainer.hf.test_export import train
-from trainer import contract
+from trainer import contract, loop, run_identity
 from trainer.hf import publish
 from trainer.export import main as export_main
 from trainer.hf.publish import main as publish_main
@@ -34,10 +33,12 @@ def published_run(tmp_path_factory, prepared_dir, tokenizer_path):
 def test_the_trainer_publishes_its_final_export_as_a_complete_version(published_run):
     workdir, published = published_run
     (version,) = publish.published_versions(published)
-    assert version.endswith("-run-a1b2")
+    run = run_identity.recorded(workdir)
+    assert run.startswith("run-a1b2-") and version.endswith(f"-{run}.hf")  # which run, what it holds
+    assert contract.published_version_parts(version) == ("hf",)
     copied = published / version / contract.PUBLISHED_MODEL_DIR
     assert sorted(path.name for path in copied.iterdir()) == sorted(path.name for path in (workdir / "export" / "hf").iterdir())
-    assert json.loads((published / version / contract.PUBLISHED_MARKER_FILE).read_text())["run"] == "run-a1b2"
+    assert json.loads((published / version / contract.PUBLISHED_MARKER_FILE).read_text())["run"] == run
 
 
 def test_a_new_version_goes_beside_the_old_and_sorts_after_it(published_run, tmp_path):
@@ -58,7 +59,7 @@ def test_a_version_without_its_marker_is_not_listed(published_run, tmp_path):
     (version / contract.PUBLISHED_MARKER_FILE).unlink()  # as a copy that died before its marker
     (versions / ".partial-copy").mkdir()
     assert publish.published_versions(versions) == []
-    assert version.name == "20261205T120000Z-run"
+    assert version.name == "20261205T120000Z-run.hf"
 
 
 def test_export_publish_and_the_cli_add_versions(published_run, tmp_path, capsys):
@@ -177,29 +178,68 @@ def test_an_empty_publish_dir_is_refused_in_one_line_by_each_command(published_r
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_storage_error_without_a_message_is_still_one_line(monkeypatch):
-    """An exception whose message is empty ended the check with an IndexError."""
-    class Refused(Exception):
-        pass
-
-    def exists():
-        raise Refused()
-
-    unreachable = lambda path: types.SimpleNamespace(exists=exists)  # noqa: E731
-    monkeypatch.setattr(publish, "epath", types.SimpleNamespace(Path=unreachable))
-    with pytest.raises(UserError) as refused:
-        publish.check_publish_dir("gs://bucket/published")
-    assert str(refused.value).startswith("--publish-dir gs://bucket/published: cannot reach it (Refused: Refused);")
-
-
 def test_another_runs_marker_that_is_no_object_is_passed_over(tmp_path):
     """A published.json holding a JSON list made the finished run exit 1 (AttributeError) and publish nothing."""
     published = tmp_path / "published"
     odd = published / "20260101T000000Z-other"
     odd.mkdir(parents=True)
     (odd / contract.PUBLISHED_MARKER_FILE).write_text("[1, 2]\n")
-    assert publish.published_step(str(published), "nobody", 1, ("hf",)) is None
-    assert contract.published_marker("[1, 2]") is None and contract.published_marker('{"run": "r", "parts": null}') is None
+    warnings = []
+    assert publish.published_step(str(published), "nobody", 1, ("hf",), warn=warnings.append) is None
+    assert warnings == [f"{odd / contract.PUBLISHED_MARKER_FILE}: not a version's marker (a JSON list, not an object); "
+                        "that version is left out"]
+
+
+def _export(workdir: pathlib.Path) -> pathlib.Path:
+    """A run folder as the trainer leaves it, its identity recorded, with an export to publish."""
+    (workdir / "export" / "hf").mkdir(parents=True)
+    (workdir / "export" / "hf" / "config.json").write_text("{}")
+    run_identity.record(workdir, {"steps": 3})
+    return workdir
+
+
+def test_two_runs_in_folders_of_one_name_publish_to_one_folder_as_two_runs(tmp_path, capsys):
+    """a/train and b/train were one run to the publish folder (its folder's name): the second run's export
+    was 'published already' and never published."""
+    published = str(tmp_path / "published")
+    first, second = _export(tmp_path / "a" / "train"), _export(tmp_path / "b" / "train")
+    for workdir in (first, second):
+        loop.publish_export(workdir, published, ("hf",), step=3)
+    assert "published already" not in capsys.readouterr().err
+    versions = publish.published_versions(published)
+    assert len(versions) == 2 and {json.loads((tmp_path / "published" / version / contract.PUBLISHED_MARKER_FILE).read_text())["run"]
+                                   for version in versions} == {run_identity.identity(first), run_identity.identity(second)}
+    loop.publish_export(second, published, ("hf",), step=3)  # a relaunch of the finished second run
+    assert "published already" in capsys.readouterr().err and len(publish.published_versions(published)) == 2
+
+
+def test_a_runs_identity_is_recorded_once_and_a_run_from_before_identities_keeps_its_folders_name(tmp_path):
+    workdir = tmp_path / "train"
+    workdir.mkdir()
+    run = run_identity.record(workdir, {"steps": 3})
+    assert run_identity.record(workdir, {"steps": 30}) == run == run_identity.identity(workdir)  # a longer relaunch
+    assert run_identity.new_identity(tmp_path / "other" / "train", {"steps": 3}) != run
+    assert run_identity.new_identity(workdir, {"steps": 4}) != run
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "config.json").write_text("{}")  # a run that began before identities: its versions name its folder
+    assert run_identity.identity(older) == "older" == run_identity.record(older, {"steps": 3}) == run_identity.recorded(older)
+    (workdir / run_identity.IDENTITY_FILE).write_text("[]")
+    with pytest.raises(UserError, match=f"{workdir / run_identity.IDENTITY_FILE}: not a run identity"):
+        run_identity.identity(workdir)
+
+
+def test_a_marker_from_before_identities_still_reads_and_its_run_is_published_already(tmp_path, capsys):
+    workdir = tmp_path / "older"
+    (workdir / "export" / "hf").mkdir(parents=True)
+    (workdir / "export" / "hf" / "config.json").write_text("{}")
+    (workdir / "config.json").write_text("{}")
+    old = tmp_path / "published" / "20261201T000000Z-older"  # the name and marker of a version published before
+    old.mkdir(parents=True)
+    (old / contract.PUBLISHED_MARKER_FILE).write_text(json.dumps({"run": "older", "parts": ["hf"], "step": 3}))
+    loop.publish_export(workdir, str(tmp_path / "published"), ("hf",), step=3)
+    assert "as 20261201T000000Z-older" in capsys.readouterr().err
+    assert contract.published_version_parts(old.name) is None  # its name does not say its parts: its marker does
 
 
 def test_export_of_a_file_instead_of_a_run_is_one_line(tmp_path, capsys):
@@ -232,7 +272,8 @@ def test_an_adapter_run_publishes_its_base_and_adapter_from_the_trainer(adapter_
     workdir, (version,), _ = adapter_run
     prefix = f"/bucket/published/adapter/{version}/"
     marker = json.loads(bucket.store[prefix + contract.PUBLISHED_MARKER_FILE].getvalue())
-    assert marker["parts"] == ["adapter", "base"] and marker["step"] == 3 and marker["run"] == "run-e5f6"
+    assert marker["parts"] == ["adapter", "base"] and marker["step"] == 3 and marker["run"] == run_identity.recorded(workdir)
+    assert version.endswith(f"-{marker['run']}.adapter+base")
     names = _objects(bucket, prefix)
     for part, config_file in (("base", "config.json"), ("adapter", "adapter_config.json")):
         assert names[f"{part}/{config_file}"] == (workdir / "export" / part / config_file).read_bytes()

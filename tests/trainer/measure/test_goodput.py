@@ -284,3 +284,18 @@ def test_a_sigkill_loses_the_steps_after_the_last_report_as_wasted_progress_and_
     assert breakdown.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == 2.0
     assert breakdown.seconds["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] == 20.0 - 9.0
     assert breakdown.seconds[PRODUCTIVE] == 5.0 + 5.0
+
+
+def test_attempts_of_another_run_in_the_folder_are_left_out_with_one_warning(tmp_path):
+    """Each attempt's start names its run (trainer.run_identity); a folder holding another run's events
+    (copied in, or a workdir reused) counted them as this run's attempts."""
+    with EventLog(started=0.0, clock=lambda: 5.0) as log:
+        log.open(tmp_path, is_main=True, run="train-0123abcd")
+    (tmp_path / EVENTS_DIR / "events-0-other.jsonl").write_text(
+        json.dumps({"event": "start", "time": 1.0, "run": "train-89abcdef"}) + "\n")
+    (tmp_path / EVENTS_DIR / "events-1-older.jsonl").write_text(json.dumps({"event": "start", "time": 2.0}) + "\n")
+    warnings = []
+    attempts = read_attempts(tmp_path / EVENTS_DIR, run="train-0123abcd", warn=warnings.append)
+    assert [events[0].get("run") for events in attempts] == [None, "train-0123abcd"]  # one from before runs had names
+    assert warnings == [f"{tmp_path / EVENTS_DIR / 'events-0-other.jsonl'}: the goodput events of run train-89abcdef, not of "
+                        "this folder's run train-0123abcd; left out of the accounting"]

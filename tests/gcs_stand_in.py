@@ -2,8 +2,9 @@
 
 gcsfs (the trainer image's gs://, `EPATH_USE_TF=0` here where TensorFlow is installed) is pointed at a
 local endpoint (`STORAGE_EMULATOR_HOST`) that answers every request as Cloud Storage answers an
-anonymous caller on a private bucket (401), or at a port that refuses connections (no network; gcsfs's
-pauses between its retries are skipped so that the test takes no half minute). Finding no credentials
+anonymous caller on a private bucket (401) or any caller of a bucket that does not exist (404), or at a port
+that refuses connections (no network; gcsfs's pauses between its retries are skipped so that the test takes
+no half minute). Finding no credentials
 takes no metadata-server probe (`NO_GCE_CHECK`), and the gcloud configuration is an empty folder.
 """
 
@@ -16,22 +17,27 @@ import socket
 import sys
 import threading
 
-NO_CREDENTIALS, NO_NETWORK = "no credentials", "no network"
+NO_CREDENTIALS, NO_BUCKET, NO_NETWORK = "no credentials", "no bucket", "no network"
+KINDS = (NO_CREDENTIALS, NO_BUCKET, NO_NETWORK)
 ANONYMOUS = "Anonymous caller does not have storage.objects.get access to the Google Cloud Storage object."
+NO_SUCH_BUCKET = "The specified bucket does not exist."
+# kind -> Cloud Storage's answer to every request: (status, message, reason).
+_ANSWERS = {NO_CREDENTIALS: (401, ANONYMOUS, "required"), NO_BUCKET: (404, NO_SUCH_BUCKET, "notFound")}
 
 
-class _Anonymous(http.server.BaseHTTPRequestHandler):
+class _Refusing(http.server.BaseHTTPRequestHandler):
     def _answer(self):
         self.server.requests.append(self.path)
-        body = json.dumps({"error": {"code": 401, "message": ANONYMOUS, "errors": [
-            {"message": ANONYMOUS, "domain": "global", "reason": "required"}]}}).encode()
-        self.send_response(401)
+        status, message, reason = _ANSWERS[self.server.kind]
+        body = json.dumps({"error": {"code": status, "message": message, "errors": [
+            {"message": message, "domain": "global", "reason": reason}]}}).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = do_HEAD = _answer
+    do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _answer
 
     def log_message(self, *args):
         pass
@@ -54,8 +60,8 @@ def endpoint(kind: str):
             port = sock.getsockname()[1]
         yield f"http://127.0.0.1:{port}", []
         return
-    server = _Server(("127.0.0.1", 0), _Anonymous)
-    server.requests = []
+    server = _Server(("127.0.0.1", 0), _Refusing)
+    server.requests, server.kind = [], kind
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -73,8 +79,8 @@ def environment(url: str, gcloud_config_dir) -> dict[str, str]:
 
 @contextlib.contextmanager
 def unreachable(kind: str, tmp_path):
-    """gs:// in this process as `kind` (NO_CREDENTIALS, NO_NETWORK) has it; yields the request paths the
-    endpoint got (NO_CREDENTIALS)."""
+    """gs:// in this process as `kind` (one of KINDS) has it; yields the request paths the endpoint got (none
+    for NO_NETWORK)."""
     import gcsfs
     import gcsfs.retry
     import pytest

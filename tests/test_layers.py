@@ -20,7 +20,7 @@ PROGRAM = {"stack", "__main__"}
 # module and, for a package, everything in it; "trainer" covers the package's __init__ alone. Each folder
 # of trainer/ is one layer of its own, so folders import one way.
 TRAINER_LAYERS = (
-    ("what both sides read", ("trainer", "trainer.contract", "trainer.errors", "trainer.shared_files", "trainer.storage_failures",
+    ("what both sides read", ("trainer", "trainer.contract", "trainer.errors", "trainer.shared_files", "trainer.storage",
                               "trainer.run_identity")),
     ("the data side", ("trainer.data",)),
     ("the model's layers", ("trainer.nn",)),

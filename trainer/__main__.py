@@ -5,7 +5,7 @@ import os
 import sys
 
 from trainer import contract
-from trainer.errors import UserError, entry_point
+from trainer.errors import UserError, entry_point, first_line
 from trainer.measure.run_events import process_start_time
 
 
@@ -31,7 +31,7 @@ def main(argv=None, *, started: float | None = None) -> int | None:
             raise
         from trainer.run import hbm
 
-        raise UserError(f"out of device memory ({str(error).splitlines()[0][:200]}); "
+        raise UserError(f"out of device memory ({first_line(error)}); "
                         f"{hbm.advice(config, jax.device_count())}") from None
 
 

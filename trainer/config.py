@@ -18,7 +18,7 @@ import yaml
 
 from trainer import contract
 from trainer.data import chat, formats
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 from trainer.gemma3 import config as gemma3_config
 
 # The one table of models: name -> Gemma 3 text architecture (trainer.gemma3.config; the vision tower of
@@ -384,7 +384,7 @@ def _yaml_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
     except IsADirectoryError:
         raise UserError(f"--config {path}: a directory; give a YAML file") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise UserError(f"--config {path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        raise UserError(f"--config {path}: not valid YAML ({first_line(error)})") from None
     if values is None:
         return []
     if not isinstance(values, dict):

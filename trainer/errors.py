@@ -7,6 +7,13 @@ import sys
 from trainer import contract
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message as one line for a user's error or warning: its first line, or its type's name
+    where it has no message."""
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:300]
+
+
 class UserError(Exception):
     """A problem the user can fix. The entry points print its message as one line and exit
     with `contract.USER_ERROR`, without a traceback. The message names the offending

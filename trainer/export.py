@@ -30,14 +30,13 @@ from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
 from trainer import contract, run_identity, shared_files
+from trainer.config import GEMMA3_MODELS, TrainConfig
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.errors import UserError, entry_point, first_line
+from trainer.gemma3.config import Gemma3Config
+from trainer.hf import config as hf_config, publish, tokenizer as hf_tokenizer, weights as hf_weights
 from trainer.model import models
 from trainer.run import checkpoint, mesh
-
-from trainer.hf import config as hf_config, publish, tokenizer as hf_tokenizer, weights as hf_weights
-from trainer.data import tokenizer as tokenizer_lib
-from trainer.config import GEMMA3_MODELS, TrainConfig
-from trainer.errors import UserError, entry_point
-from trainer.gemma3.config import Gemma3Config
 
 FORMATS = ("hf",)
 LORA_EXPORTS = ("merged", "adapter", "base")
@@ -197,7 +196,7 @@ def _latest_checkpoint_params(directory: str, abstract) -> tuple[int, dict] | No
             restored = manager.restore(step, args=ocp.args.Composite(state=restore))
         except (ValueError, KeyError, OSError) as error:
             raise UserError(f"--run: checkpoint step {step} in {directory} does not read ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0][:200]}); move it aside to export an older one") from None
+                            f"{first_line(error)}); move it aside to export an older one") from None
         return step, restored["state"]["params"]
     finally:
         manager.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainer import run_identity
+from trainer import run_identity, storage
 from trainer.errors import UserError, entry_point
 from trainer.measure import goodput
 from trainer.measure.run_events import EVENTS_DIR, read_attempts
@@ -21,11 +21,10 @@ def run_breakdown(workdir: str) -> goodput.Breakdown:
     from etils import epath  # only when asked: gs:// needs its cloud backend
 
     directory = epath.Path(workdir) / EVENTS_DIR
-    try:
+    storage.check_reachable("", workdir)
+    with storage.reading("", workdir):
         run = run_identity.recorded(epath.Path(workdir))
         attempts = [events for events in read_attempts(directory, run=run) if events]
-    except OSError as error:
-        raise UserError(f"{workdir}: cannot read its goodput events ({error})") from None
     if not attempts:
         raise UserError(f"{workdir}: no goodput events there (no {EVENTS_DIR}/events-*.jsonl); pass the --workdir of a "
                         "`python -m trainer` run")

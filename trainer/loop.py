@@ -16,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from trainer import run_identity, shared_files
+from trainer import run_identity, shared_files, storage
 from trainer.model import models, sampling
 from trainer.nn import precision
 from trainer.run import checkpoint, compile_answers, hbm, local_checkpoints, mesh, step
@@ -64,6 +64,7 @@ class Inputs:
 def train(config: TrainConfig, *, started: float | None = None) -> dict:
     """Runs (or resumes) the training described by `config`; returns the final metrics. `started`: when
     this attempt began (the process's start, from the entry point), for its goodput events; else now."""
+    storage.check_run_paths(config)
     with EventLog(started) as events:
         distributed = mesh.initialize_distributed(
             coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
@@ -83,13 +84,9 @@ def train(config: TrainConfig, *, started: float | None = None) -> dict:
 def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) -> dict:
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(config.workdir)
-    try:
+    with storage.writing("--workdir", config.workdir):
         workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"--workdir {config.workdir}: cannot use it ({error.strerror}); choose a directory this job can write") from None
     events.open(workdir, is_main=is_main, run=run_identity.record(workdir, dataclasses.asdict(config)) if is_main else None)
-    if config.publish_dir is not None:
-        publish.check_publish_dir(config.publish_dir)
     if config.profile_port:
         jax.profiler.start_server(config.profile_port)
 

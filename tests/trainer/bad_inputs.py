@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import safetensors.numpy
 
+from tests import gcs_stand_in
 from trainer.data.corpus import SEPARATOR
 
 BASE_ARGS = ("--model", "tiny", "--weights", "random", "--tokenizer", "tokenizer.model", "--data", "prepared",
@@ -84,8 +85,9 @@ class BadRun:
     provided: dict[str, str] = field(default_factory=dict)
     described: str = ""  # how the doc shows the files
     base: bool = True
-    # gs:// as a machine without Google Cloud credentials sees it (tests/gcs_stand_in.py).
-    gcs_without_credentials: bool = False
+    # gs:// as a machine without Google Cloud credentials, or network, or the bucket sees it (one of
+    # tests/gcs_stand_in.py's KINDS); None: no gs://.
+    gcs: str | None = None
 
     def argv(self) -> list[str]:
         return [*(BASE_ARGS if self.base else ()), *self.args]
@@ -288,7 +290,7 @@ CASES = (
     # Tokenizer, weights, checkpoints, workdir
     BadRun(section=MODEL_FILES, case="a compilation cache under a file", args=("--compilation-cache-dir", "notes/cache"),
            files={"notes": b"a file"}, described="with `notes` a file",
-           error="--compilation-cache-dir notes/cache: cannot use it (Not a directory); choose a folder this job can write"),
+           error="--compilation-cache-dir notes/cache: notes is a file, not a folder; choose a folder to keep compiled programs in"),
     BadRun(section=MODEL_FILES, case="missing tokenizer", args=("--tokenizer", "missing.model"),
            error="tokenizer missing.model: file not found; pass the path of a SentencePiece .model file"),
     BadRun(section=MODEL_FILES, case="tokenizer that is not one", args=("--tokenizer", "stories.txt"),
@@ -360,12 +362,20 @@ CASES = (
                   "gemma/model.safetensors.index.json": json.dumps({"weight_map": ["model.safetensors"]}).encode()},
            error="--weights gemma: model.safetensors.index.json's weight_map is not a map of tensor names to file names"),
     BadRun(section=MODEL_FILES, case="Hugging Face directory on gs:// without credentials",
-           args=("--weights", "gs://team-bucket/gemma-3-1b"), gcs_without_credentials=True,
+           args=("--weights", "gs://team-bucket/gemma-3-1b"), gcs=gcs_stand_in.NO_CREDENTIALS,
            described="(no Google Cloud credentials on this machine)",
-           error="--weights gs://team-bucket/gemma-3-1b: cannot read it (Anonymous caller does not have "
-           "storage.objects.get access to the Google Cloud Storage object., 401); check the network and the Google "
-           "Cloud credentials (`gcloud auth application-default login`; on GKE, a Workload Identity binding of the "
-           "pod's service account), or copy the directory to a local disk and pass that"),
+           error="--weights gs://team-bucket/gemma-3-1b: cannot read it: Cloud Storage refused the credentials (Anonymous "
+           "caller does not have storage.objects.get access to the Google Cloud Storage object., 401); give this job "
+           "credentials that may read it: `gcloud auth application-default login` (on GKE, a Workload Identity binding "
+           "of the pod's service account), or copy it to a local disk and pass that"),
+    BadRun(section=MODEL_FILES, case="checkpoints in a bucket that does not exist", args=("--checkpoint-dir", "gs://team-bucket/ck"),
+           gcs=gcs_stand_in.NO_BUCKET, described="(no bucket team-bucket)",
+           error="--checkpoint-dir gs://team-bucket/ck: cannot write it: there is no bucket team-bucket; create it (gcloud "
+           "storage buckets create gs://team-bucket) or correct the path"),
+    BadRun(section=MODEL_FILES, case="a bucket without network", args=("--publish-dir", "gs://team-bucket/published"),
+           gcs=gcs_stand_in.NO_NETWORK, described="(storage.googleapis.com does not answer)",
+           error="--publish-dir gs://team-bucket/published: cannot write it: Cloud Storage did not answer (Cannot connect to "
+           "host" + OPEN_END),
     BadRun(section=MODEL_FILES, case="LoRA adapter of another rank", args=("--lora-rank", "4", "--lora-weights", "adapter"),
            files={"adapter/adapter_config.json": json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 8}).encode(),
                   "adapter/adapter_model.safetensors": safetensors.numpy.save({"x": np.zeros(1, np.float32)})},
@@ -379,10 +389,10 @@ CASES = (
            "another Orbax version): fix that, or use a new --workdir or --checkpoint-dir"),
     BadRun(section=MODEL_FILES, case="checkpoint directory under a file", args=("--checkpoint-dir", "notes.txt/checkpoints"),
            files={"notes.txt": b"buy milk"},
-           error="--checkpoint-dir notes.txt/checkpoints: cannot use it (Not a directory); choose a directory this job can write"),
+           error="--checkpoint-dir notes.txt/checkpoints: notes.txt is a file, not a folder; choose a folder to keep checkpoints in"),
     BadRun(section=MODEL_FILES, case="run directory under a file", args=("--workdir", "notes.txt/run"),
            files={"notes.txt": b"buy milk"},
-           error="--workdir notes.txt/run: cannot use it (Not a directory); choose a directory this job can write"),
+           error="--workdir notes.txt/run: notes.txt is a file, not a folder; choose a folder to write the run in"),
     BadRun(section=MODEL_FILES, case="publish folder under a file", args=("--publish-dir", "notes.txt/published"),
            files={"notes.txt": b"buy milk"},
            error="--publish-dir notes.txt/published: notes.txt is a file, not a folder; choose a folder to publish versions in"),

@@ -15,8 +15,9 @@ import sys
 from jax._src import distributed  # the runtime client: a barrier that is not a device collective
 
 from trainer import loop
-from trainer.run import mesh
 from trainer.config import parse_config
+from trainer.errors import first_line
+from trainer.run import mesh
 
 START_TIMEOUT_MS = 120_000
 
@@ -33,7 +34,7 @@ def main(record_path: str, rounds: int, base_dir: str, trainer_args: list[str]) 
         try:
             inputs = loop.resolve_inputs(dataclasses.replace(config, workdir=str(workdir)), workdir)
         except Exception as error:  # noqa: BLE001 - the record says what each process met
-            record.append({"error": f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"})
+            record.append({"error": f"{type(error).__name__}: {first_line(error)}"})
             continue
         record.append({"tokenizer": inputs.tokenizer.sha256, "documents": int(inputs.data.documents)})
     pathlib.Path(record_path).write_text(json.dumps(record))

@@ -80,7 +80,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing_valid_looking(case, tmp
                                                                        tokenizer_path, prepared_dir):
     folder = _case_folder(case, tmp_path, provided, tokenizer_path, prepared_dir)
     monkeypatch.chdir(folder)
-    gcs = gcs_stand_in.unreachable(gcs_stand_in.NO_CREDENTIALS, tmp_path) if case.gcs_without_credentials else nullcontext()
+    gcs = gcs_stand_in.unreachable(case.gcs, tmp_path) if case.gcs else nullcontext()
     with gcs:
         assert main(case.argv()) == contract.USER_ERROR
     captured = capsys.readouterr()

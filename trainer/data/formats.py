@@ -20,7 +20,7 @@ import json
 import pathlib
 import urllib.parse
 
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 
 AUTO = "auto"
 # Row kinds.
@@ -220,7 +220,7 @@ def _parquet_file(path: pathlib.Path, name: str):
     try:
         return pyarrow.parquet.ParquetFile(path)
     except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
-        raise UserError(f"data file {name}: not a Parquet file ({str(error).splitlines()[0]}); pass one, "
+        raise UserError(f"data file {name}: not a Parquet file ({first_line(error)}); pass one, "
                         "or --data-format for another kind of file") from None
 
 

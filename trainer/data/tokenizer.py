@@ -14,13 +14,13 @@ from etils import epath
 
 from trainer.data import chat, formats
 from trainer.data.corpus import SEPARATOR
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 from trainer.shared_files import replaced_atomically
-from trainer.storage_failures import reading
-
+from trainer.storage import check_reachable, reading
 
 # The Gemma 3 tokenizer of the official weights (the gemma package's `gm.text.Gemma3Tokenizer.path`).
 OFFICIAL_TOKENIZER = "gs://gemma-data/tokenizers/tokenizer_gemma3.model"
+_LOCAL_TOKENIZER = "pass a local SentencePiece .model file"  # for a gs:// one that cannot be read
 
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -69,7 +69,7 @@ class _SeenLines:
         # Every character is a piece of its own, beside the byte pieces and the special ones.
         if len(self.characters) + _BYTE_PIECES + _SPECIAL_PIECES > vocab_size:
             return f"{len(self.characters)} distinct characters, each of which needs a piece"
-        return "SentencePiece: " + str(error).splitlines()[0].rpartition("] ")[2]
+        return "SentencePiece: " + first_line(error).rpartition("] ")[2]
 
 
 def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: int = 0,
@@ -155,7 +155,8 @@ def load_tokenizer(path) -> Tokenizer:
     """Loads the SentencePiece model at `path` (a local path or gs://). Raises UserError naming the
     file when it is missing, is not a SentencePiece model, or has no PAD 0 / EOS / BOS ids."""
     file = epath.Path(path)
-    with reading("tokenizer", path, instead="pass a local SentencePiece .model file"):
+    check_reachable("tokenizer", path, instead=_LOCAL_TOKENIZER)
+    with reading("tokenizer", path, instead=_LOCAL_TOKENIZER):
         found = file.is_file()
         model_bytes = file.read_bytes() if found else b""
     if not found:

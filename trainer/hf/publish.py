@@ -23,9 +23,8 @@ import sys
 
 from etils import epath
 
-from trainer import contract, run_identity, shared_files
+from trainer import contract, run_identity, shared_files, storage
 from trainer.errors import UserError, entry_point
-from trainer.storage_failures import first_line
 
 _COPY_CHUNK = 16 * 2**20
 
@@ -52,21 +51,8 @@ def published_step(publish_dir, run: str, step: int, parts, *, warn=None) -> str
 
 def check_publish_dir(publish_dir, *, flag: str = "--publish-dir") -> None:
     """Refuses, in one line and before any work, an empty `flag` (it would publish into the current folder), a
-    gs:// one that cannot be reached and a local one that cannot be a folder (a file on its way; a bucket has
-    no folders, so no such case)."""
-    if not str(publish_dir).strip():
-        raise UserError(f"{flag} {publish_dir!r}: empty; give a folder or a gs:// path to publish versions in")
-    if "://" in str(publish_dir):
-        try:
-            epath.Path(publish_dir).exists()
-        except Exception as error:  # gcsfs: credentials, network or permission, each its own type
-            raise UserError(f"{flag} {publish_dir}: cannot reach it ({type(error).__name__}: {first_line(error)}); check "
-                            "the path and the credentials (gcloud auth application-default login)") from None
-        return
-    root = pathlib.Path(publish_dir)
-    existing = next(path for path in (root, *root.parents) if path.exists())  # "." or "/" at the latest
-    if not existing.is_dir():
-        raise UserError(f"{flag} {publish_dir}: {existing} is a file, not a folder; choose a folder to publish versions in")
+    gs:// one that storage cannot serve and a local one that cannot be a folder (trainer.storage)."""
+    storage.check_folder(flag, publish_dir, to="publish versions in")
 
 
 def _copy_tree(source: pathlib.Path, target: epath.Path) -> None:

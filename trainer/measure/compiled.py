@@ -39,7 +39,7 @@ from trainer.model import models
 from trainer.nn import layers, precision
 from trainer.run import hbm, mesh, step, vocab_chunk
 from trainer.config import CHECKPOINT_BYTES_PER_TRAINED_PARAMETER, TrainConfig
-from trainer.errors import UserError
+from trainer.errors import UserError, first_line
 from trainer.run import compile_answers
 from trainer.measure import collectives, flops, hbm_traffic, windowed_loops
 from trainer.run import hardware
@@ -71,7 +71,7 @@ def tpu_devices(accelerator: str, topology: str, *, num_slices: int = 1) -> list
         return list(topologies.get_topology_desc(platform="tpu", topology_name=f"{TOPOLOGY_PREFIX[accelerator]}:{topology}",
                                                  num_slices=num_slices).devices)
     except (RuntimeError, ValueError) as error:
-        reason = str(error).splitlines()[0]
+        reason = first_line(error)
         raise UserError(f"topology {accelerator} {topology} x {num_slices} slice(s): the TPU compiler refuses it ({reason})") from None
 
 

@@ -12,16 +12,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from etils import epath
 
-from trainer.model import params_io
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
 from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
 from trainer.gemma3.config import Gemma3Config
 from trainer.gemma3.model import LORA, Transformer
 from trainer.hf import load as hf_load
-from trainer.storage_failures import reading
+from trainer.model import params_io
+from trainer.storage import check_reachable, reading
 
 Params = dict[str, Any]
 # What a --weights or --lora-weights path that cannot be read may be replaced with.
@@ -215,8 +214,8 @@ def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_s
                 expected = jax.eval_shape(lambda: init_params(model_config, seed=0))
                 hf_load.ModelDirectory(path).check(config.model, model_config, expected, tokenizer=tokenizer,
                                                    vocab_size=vocab_size)
-            elif "://" in path:
-                epath.Path(path).exists()
+            else:
+                check_reachable("--weights", path, instead=_LOCAL_COPY)
     if config.lora_weights:
         expected = jax.eval_shape(lambda: init_adapters(model_config, seed=0, lora_rank=config.lora_rank))
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):

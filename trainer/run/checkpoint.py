@@ -20,9 +20,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from trainer import shared_files
+from trainer import shared_files, storage
+from trainer.errors import UserError, first_line
 from trainer.model import params_io
-from trainer.errors import UserError
 from trainer.model.params_io import absolute_path
 
 # What Orbax and grain raise for a checkpoint they cannot read into the given tree: a tree or shape
@@ -39,11 +39,6 @@ MAX_UNREADABLE_IN_A_ROW = 2
 
 def print_warning(message: str) -> None:
     print(f"trainer: warning: {message}", file=sys.stderr, flush=True)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:200]
 
 
 def _of_another_run(error: Exception | None) -> bool:
@@ -65,15 +60,12 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, keep: int):
         self.directory = directory
-        try:
+        with storage.writing("--checkpoint-dir", directory):
             self._manager = ocp.CheckpointManager(
                 absolute_path(directory),
                 options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True),
                 item_names=("state", "data"),
             )
-        except (OSError, ValueError) as error:
-            reason = getattr(error, "strerror", None) or error  # an OSError's reason without its absolute path
-            raise UserError(f"--checkpoint-dir {directory}: cannot use it ({reason}); choose a directory this job can write") from None
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -103,7 +95,7 @@ class Checkpointer:
             try:
                 restored = self._read(step, abstract_state, data_iterator, warn)
             except _UNREADABLE as error:
-                failures.append((step, f"{type(error).__name__}: {_first_line(error)}"))
+                failures.append((step, f"{type(error).__name__}: {first_line(error)}"))
                 continue
             for failed_step, reason in failures:
                 place = self._quarantine(failed_step, reason.split(":")[0])
@@ -139,7 +131,7 @@ class Checkpointer:
             if delay is None or _of_another_run(error):
                 raise error or OSError(f"step {step} did not read in another process")
             warn(f"--checkpoint-dir {self.directory}: reading step {step} failed "
-                 f"({_first_line(error) if error else 'in another process'}); trying again in {delay:g} s")
+                 f"({first_line(error) if error else 'in another process'}); trying again in {delay:g} s")
             time.sleep(delay)
 
     def _step_dir(self, step: int) -> epath.Path:

@@ -32,7 +32,7 @@ from typing import TextIO
 
 import jax
 
-from trainer.errors import UserError
+from trainer import storage
 from trainer.run import hardware, tpu_flags
 
 _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
@@ -70,12 +70,9 @@ def use_persistent_cache(path: str) -> PersistentCache:
     so a changed program or another slice misses. Programs that compile in under a second are not kept (JAX's
     default). The executables are the device's own: `fit`'s topology compiles cannot use it (above). A local
     folder that cannot be made is one line here (JAX would warn at every compile and go on without it)."""
-    if "://" not in path:
-        try:
+    if not storage.is_bucket(path):
+        with storage.writing("--compilation-cache-dir", path):
             pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UserError(f"--compilation-cache-dir {path}: cannot use it ({error.strerror or error}); choose a folder "
-                            "this job can write") from None
     jax.config.update("jax_compilation_cache_dir", path)
     cache = PersistentCache(path)
     jax.monitoring.register_event_listener(cache._event)

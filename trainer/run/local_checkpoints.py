@@ -52,8 +52,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from trainer import contract
-from trainer.errors import UserError
-from trainer.storage_failures import first_line
+from trainer.errors import UserError, first_line
 from trainer.run import checkpoint
 
 SHARDS, DATA, META = "shards.bin", "data.json", "meta.json"

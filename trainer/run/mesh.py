@@ -19,17 +19,13 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import jax
-# JAX's distributed runtime client (the coordination service's key-value store), as Orbax uses it:
-# a wait that is not a device collective, so it has a timeout of its own and carries a message.
-from jax._src import distributed
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.config import format_mesh
+from trainer.errors import UserError, entry_point, first_line
 from trainer.nn.sharding import fsdp_spec
-from trainer.errors import UserError, entry_point
-from trainer.storage_failures import first_line
 
 BATCH_AXES = ("data", "fsdp")
 _GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
@@ -47,7 +43,8 @@ def _installed(plugin: str) -> bool:
 
 def tpu_chips_attached() -> int:
     """TPU chips on this machine's PCI bus (JAX's own test, read without starting libtpu), or where a
-    sandbox shows no PCI bus (gVisor), the TPU device files libtpu opens (/dev/accel*, /dev/vfio/N)."""
+    sandbox shows no PCI bus (gVisor), the TPU device files libtpu opens (/dev/accel*, /dev/vfio/N). JAX's test
+    has no public name."""
     from jax._src import hardware_utils
 
     return (hardware_utils.num_available_tpu_chips_and_device_id()[0] or len(glob.glob("/dev/accel[0-9]*"))
@@ -88,7 +85,7 @@ def initialize_distributed(*, coordinator_address: str | None, num_processes: in
     try:
         jax.distributed.initialize()
     except Exception as error:
-        if distributed.global_state.client is not None or distributed.global_state.service is not None:
+        if jax.distributed.is_initialized():
             raise  # a cluster was found; joining it failed
         print(f"trainer: notice: no cluster detected ({type(error).__name__}: {first_line(error)}); training as one "
               "process on this host (--num-processes 1 skips the detection; --coordinator-address, --num-processes and "
@@ -121,9 +118,13 @@ def process_zero_first(what: str, make: Callable[[], T]) -> T:
     A UserError of process 0 is raised, with its message, in every process, so that all of them
     fail with the same line instead of waiting for a peer that is gone.
     """
-    client = distributed.global_state.client
-    if jax.process_count() == 1 or client is None:
+    if jax.process_count() == 1 or not jax.distributed.is_initialized():
         return make()
+    import orbax.checkpoint as ocp  # only with several processes
+
+    # JAX's distributed runtime client (the coordination service's key-value store), as Orbax reaches it: a
+    # wait that is not a device collective, so it has a timeout of its own and carries a message.
+    client = ocp.multihost.get_jax_distributed_client()
     key = f"gemma-tpu/process-zero-first/{what}"
     if jax.process_index() == 0:
         try:
@@ -139,7 +140,7 @@ def process_zero_first(what: str, make: Callable[[], T]) -> T:
     try:
         word = client.blocking_key_value_get(key, WAIT_FOR_PROCESS_ZERO_S * 1000)
     except jax.errors.JaxRuntimeError as error:
-        raise RuntimeError(f"waited for process 0 to make {what}: {str(error).splitlines()[0]}") from None
+        raise RuntimeError(f"waited for process 0 to make {what}: {first_line(error)}") from None
     if word.startswith(_USER_ERROR):
         raise UserError(word.removeprefix(_USER_ERROR))
     if word.startswith(_CRASHED):

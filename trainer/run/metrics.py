@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 
-from trainer import contract
+from trainer import contract, storage
 from trainer.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -131,9 +131,10 @@ class MetricsReporter:
 
             # tensorboardX names event files by the second: a suffix keeps a quick restart from
             # overwriting the previous run's file.
-            self._tensorboard = SummaryWriter(
-                tensorboard_dir, purge_step=start_step or None, filename_suffix=f".{time.time_ns()}"
-            )
+            with storage.writing("--tensorboard-dir", tensorboard_dir):
+                self._tensorboard = SummaryWriter(
+                    tensorboard_dir, purge_step=start_step or None, filename_suffix=f".{time.time_ns()}"
+                )
 
     def _drop_torn_line(self) -> None:
         """Cut off a last line that a killed run left half-written, so every line stays one object."""

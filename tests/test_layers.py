@@ -30,7 +30,7 @@ TRAINER_LAYERS = (
     ("the model's assembly", ("trainer.model",)),
     ("one run on the chips", ("trainer.run",)),
     ("what a run costs", ("trainer.measure",)),
-    ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.export", "trainer.goodput", "trainer.supervise")),
+    ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.export", "trainer.goodput_report", "trainer.supervise")),
     ("the entry point", ("trainer.__main__",)),
 )
 

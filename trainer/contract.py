@@ -100,7 +100,7 @@ def published_marker(text: str | None, *, source: str, warn=None) -> dict | None
     (warn or (lambda line: print(f"warning: {line}", file=sys.stderr, flush=True)))(warning)
     return None
 
-# Goodput (trainer.measure.goodput): every report line carries GOODPUT_KEY, the share of the run's
+# Goodput (trainer.measure.goodput_accounting): every report line carries GOODPUT_KEY, the share of the run's
 # paid wall time (all attempts, the gaps between them included) that trained steps kept, and one
 # BADPUT_KEYS share per category of the rest. The categories are ml-goodput-measurement's BadputType
 # names, so that its users can compare; the stack's log-based metrics read these keys.

@@ -24,7 +24,7 @@ from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
 
-from trainer.measure import flops, goodput, step_profile
+from trainer.measure import flops, goodput_accounting, step_profile
 from trainer.data import loader as data_lib
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -324,7 +324,7 @@ class _StepLoop:
                 final = {"step": step_number, **report}
                 self.events.flush()
                 if attempts := self.events.attempts():
-                    report.update(goodput.account(attempts).report())
+                    report.update(goodput_accounting.account(attempts).report())
             if due_eval:
                 with self.events.span("eval"):
                     report.update(self._evaluate(state))

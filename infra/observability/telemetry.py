@@ -120,7 +120,7 @@ def run_telemetry(config: StackConfig) -> RunTelemetry:
         loss=_reported(config, "loss", "Training loss", "1"),
         tokens_per_sec=_reported(config, "tokens_per_sec", "Training tokens per second (non-padding)", "1/s"),
         step_time=_reported(config, "step_time_s", "Seconds per training step", "s"),
-        # The run's goodput so far, all its attempts (trainer.measure.goodput), and where the rest went.
+        # The run's goodput so far, all its attempts (trainer.measure.goodput_accounting), and where the rest went.
         goodput=_reported(config, contract.GOODPUT_KEY, "Share of the run's wall time that trained kept steps (goodput)", "1"),
         badput={category: _reported(config, key, f"Share of the run's wall time lost to {category} (badput)", "1")
                 for category, key in contract.BADPUT_KEYS.items()},

@@ -16,7 +16,7 @@ from trainer import contract, storage
 from trainer.config import parse_config
 from trainer.data.tokenizer import load_tokenizer
 from trainer.errors import UserError
-from trainer.goodput import main as goodput_main
+from trainer.goodput_report import main as goodput_main
 from trainer.hf.publish import main as publish_main
 from trainer.model import models
 from trainer.run.checkpoint import Checkpointer

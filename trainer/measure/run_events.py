@@ -1,6 +1,6 @@
 """What each attempt of a run spent its time on, as timestamped events in WORKDIR/goodput/: one file
 per attempt (a process of process index 0, a restart being a new attempt), one JSON object a line.
-trainer.measure.goodput turns the events of all attempts into the goodput table.
+trainer.measure.goodput_accounting turns the events of all attempts into the goodput table.
 
 The events, each with `time` (seconds since the epoch, when it ended):
   start    the process started (from /proc when the entry point asks for it); `run`: the run's identity
@@ -48,7 +48,7 @@ def process_start_time() -> float:
         return time.time()
 
 
-# The numeric fields the accounting (trainer.measure.goodput) reads of each kind of event, beside `time`.
+# The numeric fields the accounting (trainer.measure.goodput_accounting) reads of each kind of event, beside `time`.
 REQUIRED_FIELDS = {"steps": ("first", "last", "seconds", "data_seconds"), "ready": ("start_step",),
                    **{span: ("seconds",) for span in ("restore", "compile", "save", "eval", "export")}}
 

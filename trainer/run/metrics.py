@@ -42,7 +42,7 @@ _SCREEN_LABELS = {
 _BAR_WIDTH = 20
 # Shown as percentages.
 _SCREEN_SHARES = ("mfu", "mfu_documents", contract.GOODPUT_KEY)
-# In the record only: the badput breakdown would crowd the line (`python -m trainer.goodput` prints it).
+# In the record only: the badput breakdown would crowd the line (`python -m trainer.goodput_report` prints it).
 _OFF_SCREEN = frozenset(contract.BADPUT_KEYS.values())
 
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from trainer import contract
-from trainer.goodput import main, run_breakdown
-from trainer.measure import goodput
-from trainer.measure.goodput import PRODUCTIVE, account
+from trainer.goodput_report import main, run_breakdown
+from trainer.measure import goodput_accounting
+from trainer.measure.goodput_accounting import PRODUCTIVE, account
 from trainer.measure.run_events import EVENTS_DIR, EventLog, read_attempts
 
 
@@ -133,13 +133,13 @@ def test_the_event_log_writes_what_the_accounting_reads_and_its_live_view_agrees
                 log.flush()
                 with log.span("save", step=4):
                     clock.tick(1)
-        live = goodput.account(log.attempts())
+        live = goodput_accounting.account(log.attempts())
         # The live view sums the loop's recurring events: one steps record, however long the run.
         assert [(e["first"], e["last"]) for e in log.attempts()[-1] if e["event"] == "steps"] == [(3, 5)]
     written = read_attempts(tmp_path / EVENTS_DIR)
     assert written[1][-1]["status"] == "done"
     assert [len(events) for events in written] == [4, 8]  # the torn line skipped; steps 3-4 and 5 two records
-    final = goodput.account(written)
+    final = goodput_accounting.account(written)
     assert final.seconds == pytest.approx(live.seconds)  # `end` adds no time: the clock stood still
     assert final.seconds[PRODUCTIVE] == pytest.approx(3.0 + 2 * 10.0)  # 3..4 of the first attempt were lost
     assert final.seconds["WASTED_PROGRESS_FROM_DISRUPTION"] == pytest.approx(20.0)
@@ -179,16 +179,16 @@ def test_the_cli_prints_the_table_and_names_a_workdir_without_events(tmp_path, c
     assert "goodput of" in table and "60.0%" in table and "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION" in table
     assert run_breakdown(str(run)).wall_s == 10.0
     assert main([str(tmp_path / "nothing")]) == contract.USER_ERROR
-    assert capsys.readouterr().err.strip() == (f"trainer.goodput: error: {tmp_path / 'nothing'}: no goodput events there "
+    assert capsys.readouterr().err.strip() == (f"trainer.goodput_report: error: {tmp_path / 'nothing'}: no goodput events there "
                                                f"(no {EVENTS_DIR}/events-*.jsonl); pass the --workdir of a `python -m trainer` run")
 
 
-def assert_accounts_for_the_wall_time(workdir, *, attempts: int) -> goodput.Breakdown:
+def assert_accounts_for_the_wall_time(workdir, *, attempts: int) -> goodput_accounting.Breakdown:
     """The goodput table of a real run, printed (pytest -s shows it), its categories summing to the
     wall time the raw events span: the first start to the last event."""
     events = read_attempts(workdir / EVENTS_DIR)
-    breakdown = goodput.account(events)
-    print(goodput.format_table(breakdown, title=f"goodput of {workdir}: {breakdown.goodput:.1%}"))
+    breakdown = goodput_accounting.account(events)
+    print(goodput_accounting.format_table(breakdown, title=f"goodput of {workdir}: {breakdown.goodput:.1%}"))
     first_start = min(event["time"] for attempt in events for event in attempt if event["event"] == "start")
     wall = max(event["time"] for attempt in events for event in attempt) - first_start
     assert breakdown.attempts == attempts

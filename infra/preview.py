@@ -9,7 +9,6 @@ filled in with recognisable placeholders.
 An invalid config exits with code 2 and its one-line message.
 """
 
-import argparse
 import asyncio
 import json
 import runpy
@@ -20,12 +19,12 @@ from typing import Any
 
 import pulumi
 from pulumi.output import Unknown
-from pulumi.runtime import mocks, rpc
-from pulumi.runtime import settings
+from pulumi.runtime import mocks, rpc, settings
 
 from infra.config import PROJECT
-from infra.errors import ConfigError
 from infra.config.stack_files import PLACEHOLDER_PROJECT, PROJECT_ROOT, offline_values
+from infra.errors import ConfigError
+from trainer.errors import OneLineParser, UserError
 
 PROGRAM = PROJECT_ROOT / "__main__.py"
 PLACEHOLDER_DNS_ENDPOINT = "gke-0123456789abcdef-000000000000.us-east5.gke.goog"  # a cluster's DNS endpoint form
@@ -238,14 +237,14 @@ def _print_text(result: StackPreview) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.preview", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m infra.preview", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {type, name, parent, inputs, dependsOn}")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         values, stack = offline_values(args.stack, doing="previewing")
         result = preview(values, stack)
-    except ConfigError as error:
+    except (ConfigError, UserError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR
     if args.json:

@@ -18,7 +18,7 @@ import yaml
 
 from trainer import contract
 from trainer.data import chat, formats
-from trainer.errors import UserError, first_line
+from trainer.errors import OneLineParser, UserError, first_line
 from trainer.gemma3 import config as gemma3_config
 
 # The one table of models: name -> Gemma 3 text architecture (trainer.gemma3.config; the vision tower of
@@ -269,13 +269,6 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def format_mesh(sizes: dict[str, int]) -> str:
     return ",".join(f"{axis}={size}" for axis, size in sizes.items())
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Reports a bad flag as a UserError (one line, exit USER_ERROR) instead of usage text."""
-
-    def error(self, message: str):
-        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:

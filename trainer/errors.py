@@ -1,6 +1,7 @@
 """The one exception type a trainer user can cause (bad flag, config, data file, tokenizer, directory),
 and how the command-line entry points report it."""
 
+import argparse
 import functools
 import sys
 
@@ -18,6 +19,14 @@ class UserError(Exception):
     """A problem the user can fix. The entry points print its message as one line and exit
     with `contract.USER_ERROR`, without a traceback. The message names the offending
     flag or file and says how to fix it."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Reports a bad argument as a UserError (one line, exit USER_ERROR) instead of usage text; its
+    subcommands' parsers are of its kind."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
 
 
 def entry_point(prefix: str = ""):

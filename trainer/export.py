@@ -32,7 +32,7 @@ from safetensors.numpy import save_file
 from trainer import contract, run_identity, shared_files
 from trainer.config import GEMMA3_MODELS, TrainConfig
 from trainer.data import tokenizer as tokenizer_lib
-from trainer.errors import UserError, entry_point, first_line
+from trainer.errors import OneLineParser, UserError, entry_point, first_line
 from trainer.gemma3.config import Gemma3Config
 from trainer.hf import config as hf_config, publish, tokenizer as hf_tokenizer, weights as hf_weights
 from trainer.model import models
@@ -260,7 +260,7 @@ def _require_free(out: pathlib.Path) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="the run's --workdir (with its config.json)")
     parser.add_argument("--format", choices=FORMATS, default="hf", help="hf: a Hugging Face model directory (default)")
     parser.add_argument("--out", required=True, help="the directory to write (new, or empty)")

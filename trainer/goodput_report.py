@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from trainer import run_identity, storage
-from trainer.errors import UserError, entry_point
+from trainer.errors import OneLineParser, UserError, entry_point
 from trainer.measure import goodput_accounting
 from trainer.measure.run_events import EVENTS_DIR, read_attempts
 
@@ -33,7 +33,7 @@ def run_breakdown(workdir: str) -> goodput_accounting.Breakdown:
 
 @entry_point(prefix="trainer.goodput_report: ")
 def main(argv=None) -> int | None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.goodput_report", description=__doc__,
+    parser = OneLineParser(prog="python -m trainer.goodput_report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workdir", help="the run's --workdir (a local folder or gs://BUCKET/PATH)")
     args = parser.parse_args(argv)

@@ -24,9 +24,15 @@ from trainer.errors import UserError, first_line
 os.environ.setdefault("EPATH_USE_TF", "0")  # before etils first picks a gs:// backend (it caches its choice)
 
 READ, WRITE = "read", "write"
-# A training run's paths (trainer.config.TrainConfig's fields). The inputs it may read from gs:// (besides the
-# words official and random, which are no paths):
-RUN_INPUTS = ("weights", "lora_weights", "tokenizer")
+# A training run's paths (trainer.config.TrainConfig's fields). The inputs it reads -> what each must be (the
+# words official and random are no paths); its data is local (on GKE the stacks mount the dataset's bucket).
+RUN_INPUTS = {
+    "weights": "official, random, a checkpoint of Gemma parameters or a Hugging Face directory",
+    "lora_weights": "a PEFT LoRA adapter directory",
+    "tokenizer": "the path of a SentencePiece .model file",
+    "data": "a text, JSONL or Parquet file or a directory made by `python -m trainer.data.prepare`",
+}
+_WORDS = ("official", "random")
 # The folders it writes -> (what each is for, whether it may be a gs:// path). The run's own folder, its data
 # and the local checkpoint tier are this host's (trainer.config refuses a bucket for the first and the last).
 RUN_FOLDERS = {
@@ -203,15 +209,29 @@ def check_folder(flag: str, path, *, to: str, buckets: bool = True) -> None:
         raise UserError(f"{flag} {path}: this job may not write in {existing}; choose a folder to {to}")
 
 
+def check_input(flag: str, path, *, what: str) -> None:
+    """Before any work, a path the run reads (`what`: what it must be): not empty, on gs:// reachable, locally
+    there (what it holds is its reader's to check)."""
+    if not str(path).strip():
+        raise UserError(f"{flag} {path!r}: empty; pass {what}")
+    if is_bucket(path):
+        check_reachable(flag, path, instead="copy it to a local disk and pass that")
+        return
+    with reading(flag, path):
+        there = pathlib.Path(path).exists()
+    if not there:
+        raise UserError(f"{flag} {path}: not found; pass {what}")
+
+
 def check_run_paths(config) -> None:
     """Before a training run's first work (data preparation, a compile, a file in its folders): every path of
-    `config` (a trainer.config.TrainConfig), by RUN_INPUTS and RUN_FOLDERS, and its data, which is local."""
+    `config` (a trainer.config.TrainConfig), by RUN_INPUTS and RUN_FOLDERS."""
     if config.data is not None and is_bucket(config.data):
         raise UserError(f"--data {config.data}: the data is a local file or folder (on GKE the stacks mount the "
                         "dataset's bucket); copy it to a local disk, or prepare it with python -m trainer.data.prepare")
-    for field in RUN_INPUTS:
-        if getattr(config, field) is not None:
-            check_reachable(_flag(field), getattr(config, field), instead="copy it to a local disk and pass that")
+    for field, what in RUN_INPUTS.items():
+        if getattr(config, field) not in (None, *_WORDS):
+            check_input(_flag(field), getattr(config, field), what=what)
     for field, (to, buckets) in RUN_FOLDERS.items():
         if getattr(config, field) is not None:
             check_folder(_flag(field), getattr(config, field), to=to, buckets=buckets)

@@ -47,11 +47,12 @@ import sys
 import time
 
 from trainer import contract
-from trainer.config import OneLineParser, non_negative_float, non_negative_int
-from trainer.errors import UserError, entry_point
+from trainer.config import non_negative_float, non_negative_int
+from trainer.errors import OneLineParser, UserError, entry_point
 
 DEFAULT_RESTARTS = 3
 DEFAULT_PAUSE_S = 5.0
+MAX_PAUSE_S = 24 * 3600.0  # time.sleep refuses about 1e10 s (after the crash, a traceback); a day is plenty
 DEFAULT_RESTART_WINDOW_S = 3600.0
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
@@ -151,6 +152,13 @@ class Supervisor:
                 return exit_code(returncode)
 
 
+def _pause(text: str) -> float:
+    seconds = non_negative_float(text)
+    if seconds > MAX_PAUSE_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_PAUSE_S:g} seconds, got {text!r}")
+    return seconds
+
+
 @entry_point(prefix="trainer.supervise: ")
 def main(argv=None) -> int:
     parser = OneLineParser(prog="python -m trainer.supervise", description=__doc__,
@@ -160,7 +168,7 @@ def main(argv=None) -> int:
                              f"(default {DEFAULT_RESTARTS})")
     parser.add_argument("--restart-window", type=non_negative_float, default=DEFAULT_RESTART_WINDOW_S,
                         help=f"seconds a crash counts against --restarts (default {DEFAULT_RESTART_WINDOW_S:g})")
-    parser.add_argument("--pause", type=non_negative_float, default=DEFAULT_PAUSE_S,
+    parser.add_argument("--pause", type=_pause, default=DEFAULT_PAUSE_S,
                         help=f"seconds between a crash and the restart (default {DEFAULT_PAUSE_S:g})")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer's command line")
     args = parser.parse_args(argv)

@@ -21,10 +21,12 @@ from typing import Any
 import yaml
 
 from infra.config import StackConfig, parse_stack_config
+from infra.config.stack_files import offline_values
 from infra.errors import ConfigError
 from infra.queueing.queues import queue_objects
-from infra.config.stack_files import offline_values
+from trainer import storage
 from trainer.contract import USER_ERROR
+from trainer.errors import OneLineParser, UserError
 from workloads import manifests, serving
 from workloads.spec import RunSpec, run_specs
 
@@ -70,11 +72,11 @@ def write(objects: list[dict[str, Any]], directory: pathlib.Path) -> list[pathli
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m workloads", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render = commands.add_parser("render", help="print or write the stack's Kubernetes objects as YAML")
     render.add_argument("--stack", required=True, help="the stack, as in Pulumi.<stack>.yaml (or a path to a stack file)")
-    render.add_argument("--out", "--output", dest="out", type=pathlib.Path, help="write one YAML file per object into this directory")
+    render.add_argument("--out", "--output", dest="out", help="write one YAML file per object into this directory")
     render.add_argument("--served-version", help="the published version serving serves, as `pulumi up` finds the newest "
                         "(e.g. 20261205T120000Z-RUN-0123abcd.hf); default: none published yet, no serving replicas")
     fit = commands.add_parser("fit", help="compile each run's training step for its TPU slice: memory per chip, cost, largest batch")
@@ -85,16 +87,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="skip the compiles that find the largest batch that fits (one compile a run instead of 2-4)")
     fit.add_argument("--splits", action="store_true",
                      help="also compile each FSDP group that divides a slice and name the fastest that fits (gemma-tpu:training.fsdp)")
-    fit.add_argument("--cache-dir", type=pathlib.Path,
+    fit.add_argument("--cache-dir",
                      help="where the compiler's answers are kept (default $XDG_CACHE_HOME/gemma-tpu/compiles or ~/.cache/...)")
     fit.add_argument("--no-cache", action="store_true", help="compile everything again, and keep nothing")
     fit.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
+        _check_folders(args)
         config = render_config(args.stack)
         if args.command == "render" and args.served_version is not None:
             serving.check_served_version(config, args.served_version)
-    except ConfigError as error:
+    except (ConfigError, UserError) as error:
         print(f"error: {error}", file=sys.stderr)
         return USER_ERROR
     if args.command == "fit":
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         print(to_yaml(objects), end="")
         return 0
-    for path in write(objects, args.out):
+    for path in write(objects, pathlib.Path(args.out)):
         print(path)
     for spec in render_specs(config):
         print(f"follow {spec.name}: {manifests.logs_command(spec)}")
@@ -112,15 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _check_folders(args: argparse.Namespace) -> None:
+    """The folders a command writes, before any work (trainer.storage): not empty, no file on their way."""
+    if getattr(args, "out", None) is not None:
+        storage.check_folder("--out", args.out, to="write the objects in", buckets=False)
+    if getattr(args, "cache_dir", None) is not None:
+        storage.check_folder("--cache-dir", args.cache_dir, to="keep the compiler's answers in", buckets=False)
+
+
 def fit_command(config: StackConfig, args: argparse.Namespace) -> int:
     # XLA's C++ start-up notices (below warnings) say nothing about the fit.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from trainer.run import mesh
-    from trainer.errors import UserError
-    from trainer.run import compile_answers
+    from trainer.run import compile_answers, mesh
     from workloads import fit
 
-    cache_dir = None if args.no_cache else args.cache_dir or compile_answers.default_cache_dir()
+    cache_dir = None if args.no_cache else pathlib.Path(args.cache_dir or compile_answers.default_cache_dir())
     try:
         mesh.require_requested_platform()
         with compile_answers.session(cache_dir=cache_dir, stream=None if args.quiet else sys.stderr) as session:

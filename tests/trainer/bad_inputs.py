@@ -292,7 +292,7 @@ CASES = (
            files={"notes": b"a file"}, described="with `notes` a file",
            error="--compilation-cache-dir notes/cache: notes is a file, not a folder; choose a folder to keep compiled programs in"),
     BadRun(section=MODEL_FILES, case="missing tokenizer", args=("--tokenizer", "missing.model"),
-           error="tokenizer missing.model: file not found; pass the path of a SentencePiece .model file"),
+           error="--tokenizer missing.model: not found; pass the path of a SentencePiece .model file"),
     BadRun(section=MODEL_FILES, case="tokenizer that is not one", args=("--tokenizer", "stories.txt"),
            files={"stories.txt": f"{STORY}{SEPARATOR}".encode()}, described="(a text file)",
            error="tokenizer stories.txt: not a SentencePiece model" + OPEN_END),
@@ -302,7 +302,8 @@ CASES = (
            error="--tokenizer huge.model: its vocabulary (262145 pieces) does not fit --model gemma3-270m "
            "(262144 embeddings); use the model's own tokenizer"),
     BadRun(section=MODEL_FILES, case="missing weights", args=("--weights", "missing"),
-           error="--weights missing: no checkpoint there (expected Gemma parameters, as gm.ckpts.save_params and `python -m trainer` exports write them)"),
+           error="--weights missing: not found; pass official, random, a checkpoint of Gemma parameters or a Hugging Face "
+           "directory"),
     BadRun(section=MODEL_FILES, case="weights of another vocabulary", args=("--weights", "first/export/params",
            "--tokenizer", "other.model", "--data", "stories.txt"), files={"stories.txt": f"{STORY}{SEPARATOR}".encode() * 20},
            provided={"first": "a finished run with tokenizer.model", "other.model": "a tokenizer of 400 pieces"},

@@ -72,7 +72,7 @@ def _published_export(tmp_path):
 # name -> (what uses the path, the line's flag and path, read or write, what else the line offers).
 PATHS = {
     **{f"trainer {field}": (_run_paths(field), f"--{field.replace('_', '-')} gs://{BUCKET}/{field}", storage.READ, LOCAL_COPY)
-       for field in storage.RUN_INPUTS},
+       for field in storage.RUN_INPUTS if field != "data"},
     **{f"trainer {field}": (_run_paths(field), f"--{field.replace('_', '-')} gs://{BUCKET}/{field}", storage.WRITE, "")
        for field, (_, buckets) in storage.RUN_FOLDERS.items() if buckets},
     "checkpoints": (_checkpointer, f"--checkpoint-dir gs://{BUCKET}/checkpoints", storage.WRITE, ""),
@@ -93,6 +93,8 @@ def test_storage_that_cannot_serve_a_path_is_one_line_naming_it_the_cause_and_th
     if name == "publish":
         use = _cli(publish_main, "--run", _published_export(tmp_path), "--publish-dir", f"gs://{BUCKET}/published")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.model").write_text("")  # SOME_FLAGS' local paths: there
+    (tmp_path / "d").mkdir()
     with gcs_stand_in.unreachable(kind, tmp_path) as requests:
         try:
             use()
@@ -123,6 +125,30 @@ def test_a_failure_without_a_message_still_gives_its_line(error):
         raise error
     assert str(refused.value).startswith("--weights gs://b/w: cannot read it")
     assert f"({type(error).__name__})" in str(refused.value)
+
+
+def test_data_on_gs_is_refused_before_any_work(tmp_path):
+    """The data is read as local files (ArrayRecord shards, a raw file prepared once): a gs:// path was taken
+    for a local one (`./gs:/...`, not found)."""
+    config = parse_config([*SOME_FLAGS, "--data", f"gs://{BUCKET}/stories.txt"])
+    with pytest.raises(UserError, match=f"^--data gs://{BUCKET}/stories.txt: the data is a local file or folder"):
+        storage.check_run_paths(config)
+
+
+@pytest.mark.parametrize("flags, line", [
+    # Taken for no value: --data '' trained the generated corpus, --lora-weights '' fresh adapters.
+    (("--data", ""), f"--data '': empty; pass {storage.RUN_INPUTS['data']}"),
+    (("--lora-rank", "4", "--lora-weights", ""), f"--lora-weights '': empty; pass {storage.RUN_INPUTS['lora_weights']}"),
+    # Found missing only when the weights were loaded, after the data's preparation and the compile.
+    (("--weights", "missing"), f"--weights missing: not found; pass {storage.RUN_INPUTS['weights']}"),
+])
+def test_an_empty_or_missing_input_is_one_line_before_any_work(flags, line, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.model").write_text("")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UserError) as refused:
+        storage.check_run_paths(parse_config([*SOME_FLAGS, *flags]))
+    assert str(refused.value) == line
 
 
 def test_a_bug_inside_the_layer_is_no_storage_failure():

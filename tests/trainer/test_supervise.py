@@ -117,6 +117,8 @@ def test_the_budget_counts_only_the_crashes_within_the_window(tmp_path):
 @pytest.mark.parametrize("argv, line", [
     (["--pause", "nan", "--", "true"], "argument --pause: expected a finite number >= 0, got 'nan'"),
     (["--pause", "-1", "--", "true"], "argument --pause: expected a finite number >= 0, got '-1'"),
+    # time.sleep's OverflowError after the first crash, a traceback instead of the restart.
+    (["--pause", "1e10", "--", "true"], "argument --pause: expected at most 86400 seconds, got '1e10'"),
     (["--restarts", "-1", "--", "true"], "argument --restarts: expected an integer >= 0, got '-1'"),
     (["--", "/nonexistent/cmd"], "cannot start /nonexistent/cmd: No such file or directory"),
 ])

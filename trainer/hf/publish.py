@@ -24,7 +24,7 @@ import sys
 from etils import epath
 
 from trainer import contract, run_identity, shared_files, storage
-from trainer.errors import UserError, entry_point
+from trainer.errors import OneLineParser, UserError, entry_point
 
 _COPY_CHUNK = 16 * 2**20
 
@@ -104,7 +104,7 @@ def publish_run(workdir: pathlib.Path, publish_dir, parts: tuple[str, ...] = (co
 
 
 def parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer.hf.publish", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m trainer.hf.publish", description=__doc__.splitlines()[0])
     parser.add_argument("--run", required=True, type=pathlib.Path, help="the run's --workdir (its export/ holds the directories)")
     parser.add_argument("--publish-dir", required=True,
                         help="where versions go, a folder or gs://BUCKET/published/RUN_NAME (the serving stack's)")

@@ -7,7 +7,8 @@ wheels at the versions and hashes trainer/requirements.lock pins, so the device 
 package set the trainer image runs, but for JAX itself (0.10.2 there) and flax: the locked flax needs
 Python 3.12, so the newest release for 3.11 is carried (PYTHON_311_PINS). The machine's own package
 index is not used: it holds older orbax/tensorstore (0.12.4, 0.1.85), no grain, and what it resolves
-is not pinned by us. bench/device_command.sh installs the folder with `pip --no-deps --target`.
+is not pinned by us. The wheels come from pip's configured index (pip.conf, PIP_INDEX_URL), checked against
+the lock's hashes. bench/device_command.sh installs the folder with `pip --no-deps --target`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 
-PYPI = "https://pypi.org/simple"  # the lock's hashes are PyPI's files; no local wheel folder or index
 LOCK = pathlib.Path("trainer/requirements.lock")
 DEFAULT_DEST = pathlib.Path(".device-wheels")
 # What bench.device imports, directly or through the trainer, that the machine does not have installed
@@ -64,9 +64,9 @@ def download(dest: pathlib.Path) -> list[pathlib.Path]:
         requirements.write(locked_entries(LOCK.read_text(), CARRIED))
         requirements.flush()
         platforms = [flag for platform in PLATFORMS for flag in ("--platform", platform)]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--disable-pip-version-check", "--index-url", PYPI, "--quiet", "--no-deps", "--only-binary=:all:",
-                        "--require-hashes", "--python-version", PYTHON_VERSION, "--implementation", "cp", *platforms,
-                        "--dest", str(dest), "-r", requirements.name], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet", "--no-deps",
+                        "--only-binary=:all:", "--require-hashes", "--python-version", PYTHON_VERSION, "--implementation",
+                        "cp", *platforms, "--dest", str(dest), "-r", requirements.name], check=True)
     return sorted(dest.glob("*.whl"))
 
 

@@ -14,8 +14,8 @@ from tests import gcs_stand_in
 from tests.trainer.bad_inputs import CASES, OPEN_END, markdown_sections
 from trainer import contract
 from trainer.__main__ import main
-from trainer.run.metrics import METRICS_FILE
 from trainer.data.prepare import META_FILE
+from trainer.run.metrics import METRICS_FILE
 
 REPO = pathlib.Path(__file__).parents[2]
 BY_NAME = {case.case: case for case in CASES}

@@ -19,6 +19,7 @@ _COMPILE = """
 import sys
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
+from trainer.errors import first_line
 from trainer.run import compile_answers, mesh, tpu_flags
 from trainer.measure import compiled
 
@@ -37,7 +38,7 @@ program, _ = lowered(sys.argv[-1])
 try:
     program.compile(tpu_flags.compile_options(sys.argv[1]))
 except jax.errors.JaxRuntimeError as error:
-    print("refused", str(error).splitlines()[0][:200])
+    print("refused", first_line(error))
 """
 
 

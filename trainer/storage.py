@@ -6,8 +6,8 @@ gs:// goes through etils.epath on gcsfs, as in the trainer image, also where Ten
 (EPATH_USE_TF=0, set when this module loads): TensorFlow's file system would be a second client, with
 failures of its own and a C++ log on stderr. Orbax and JAX's compilation cache read gs:// through the
 same epath. gcsfs's failures are of no one type (its HttpError, aiohttp's connection errors, google.auth's,
-OSError "Forbidden"), Orbax may wrap them, and gcsfs logs each failed request with its traceback: the
-libraries' logs are quiet inside this layer, whose line says it all.
+OSError "Forbidden"), Orbax may wrap them, and gcsfs and google.auth log each failed request, some with its
+traceback: Python's logging is off inside this layer, whose line says it all.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ RUN_INPUTS = {
     "data": "a text, JSONL or Parquet file or a directory made by `python -m trainer.data.prepare`",
 }
 _WORDS = ("official", "random")
-# The folders it writes -> (what each is for, whether it may be a gs:// path). The run's own folder, its data
-# and the local checkpoint tier are this host's (trainer.config refuses a bucket for the first and the last).
+# The folders it writes -> (what each is for, whether it may be a gs:// path). The run's own folder and the
+# local checkpoint tier are this host's (trainer.config refuses a bucket there).
 RUN_FOLDERS = {
     "workdir": ("write the run in", False),
     "checkpoint_dir": ("keep checkpoints in", True),

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from bench import inputs as inputs_lib
 from trainer import config as config_lib
 from trainer.data import loader as data_lib
+from trainer.measure import compiled as compiled_lib
 from trainer.measure.compiled import LEAN_PRECISIONS
 from trainer.model import models
 from trainer.nn import precision as precision_lib
@@ -96,7 +97,7 @@ class _Run:
                 if not leaf.is_deleted():
                     leaf.delete()
         if self.compiled is None:
-            self.run_step, _, self.compiled = step.compile_run_step(
+            self.run_step, _, self.compiled = compiled_lib.compile_fastest(
                 self.run_step, self.config, self.model_config,
                 train_args=lambda candidate: (state, None, step.abstract_batch(candidate, self.config)))
         return state

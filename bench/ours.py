@@ -1,5 +1,5 @@
 """Our side: the trainer's own loader, model, optimizer, mesh and train step, built and compiled as
-`trainer.loop` builds and compiles them (trainer.run.step.build_run_step and compile_run_step: on TPU the
+`trainer.loop` builds and compiles them (trainer.run.step.build_run_step, trainer.measure.compiled.compile_fastest: on TPU the
 rematerialisation and vocabulary chunk the compiler fits in memory)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
 from trainer.data import loader as data_lib
+from trainer.measure import compiled as compiled_lib
 from trainer.nn import precision
 from trainer.run import mesh, step
 from trainer.config import TrainConfig
@@ -37,7 +38,7 @@ class Ours(Side):
         self.batches = data_lib.batches(data, seq_len=seq_len, global_batch_size=batch_size, seed=seed, split="train")
 
     def _build(self):
-        self.run_step, _, compiled = step.compile_run_step(
+        self.run_step, _, compiled = compiled_lib.compile_fastest(
             self.run_step, self.config, self.model_config,
             train_args=lambda candidate: (self.state, self.frozen, step.abstract_batch(candidate, self.config)))
         return compiled

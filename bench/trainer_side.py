@@ -23,6 +23,8 @@ import time
 from bench import inputs as inputs_lib
 from bench.device_side import TRAININGS, add_case_arguments, training_label, write_result
 from trainer.errors import UserError
+from trainer.measure import goodput_accounting
+from trainer.measure.run_events import EVENTS_DIR, read_attempts
 from trainer.run.mesh import jax_entry_point
 from trainer.run.metrics import METRICS_FILE, read_metrics
 
@@ -52,6 +54,7 @@ def figures(args, run_dir: pathlib.Path, wall_s: float) -> dict:
     resolved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     step_s = statistics.median(report["step_time_s"] for report in reports)
     mfus = [report["mfu"] for report in reports if report.get("mfu") is not None]
+    startup = goodput_accounting.account(read_attempts(run_dir / EVENTS_DIR)).seconds
     return {
         "side": "trainer", "model": args.model, "seq_len": args.seq_len, "batch": args.batch,
         "training": training_label(args.training), "remat": resolved["remat_policy"], "vocab_chunk": resolved["vocab_chunk"],
@@ -62,7 +65,9 @@ def figures(args, run_dir: pathlib.Path, wall_s: float) -> dict:
         "mfu": statistics.median(mfus) if mfus else None,
         # the trainer's own figure before step 1: bytes in use plus what the compiled step adds (trainer.run.hbm.before_first_step)
         "device_peak_bytes": (resolved.get("device_memory") or {}).get("peak_bytes"),
-        "run_wall_s": wall_s, "trainer_args": args.trainer_args,
+        # what goodput books as compiling (a --compilation-cache-dir hit shows here) and everything before step 1
+        "program_startup_s": startup["PROGRAM_STARTUP"], "before_first_step_s": startup["TPU_INITIALIZATION"] + startup["TRAINING_PREP"]
+        + startup["PROGRAM_STARTUP"], "run_wall_s": wall_s, "trainer_args": args.trainer_args,
     }
 
 

@@ -24,7 +24,7 @@ from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
 
-from trainer.measure import flops, goodput_accounting, step_profile
+from trainer.measure import compiled, flops, goodput_accounting, step_profile
 from trainer.data import loader as data_lib
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import TrainConfig
@@ -123,9 +123,9 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
             restored["step"] = start_step
 
     # Compiled ahead of its first call, so that --remat and --vocab-chunk auto can try the next candidate
-    # when one does not fit.
+    # when one does not fit, and --remat auto can take the fastest that fits.
     with events.span("compile"):
-        run_step, lowered, compiled_train = step.compile_run_step(
+        run_step, lowered, compiled_train = compiled.compile_fastest(
             run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
@@ -141,6 +141,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
                          log_format=config.log_format) as reporter:
         if footprint is not None:
             reporter.text("memory", start_step, footprint.line())
+        if run_step.remat_speeds:
+            reporter.text("remat", start_step, f"--remat auto took {step.speed_words(run_step.remat_speeds)}")
         if resume_step is not None:
             done = f"; it completes the {total_steps} steps, nothing left to train" if start_step >= total_steps else ""
             reporter.text("run", start_step, f"resuming from the checkpoint of step {start_step} in {resumed.directory} "
@@ -255,6 +257,7 @@ def write_resolved_config(config: TrainConfig, workdir: pathlib.Path, *, model_c
         "compute_dtype": jnp.dtype(compute_dtype).name,
         "attention_kind": run_step.layers.attention,  # what --attention auto and --remat auto became
         "remat_policy": run_step.layers.remat,
+        "remat_speeds": [dataclasses.asdict(speed) for speed in run_step.remat_speeds],  # what --remat auto compared
         "vocab_chunk": run_step.vocab_chunk,  # what --vocab-chunk became (null: plain logits)
         # The lowered train step's digest: `python -m workloads fit` reports the same for the program it compiled.
         "step_fingerprint": step_fingerprint,

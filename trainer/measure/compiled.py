@@ -6,11 +6,10 @@ the trainer's own step (trainer.run.step.build_run_step) with the arguments the 
 and shardings only. Two figures need care:
 - FLOPs and bytes: XLA's cost analysis counts a loop body once, not once per iteration. FSDP's
   large matmuls are loops over the weights' shards, whose missing FLOPs are read from the optimized
-  program (trainer.measure.windowed_loops). The step's other loop is the vocabulary-chunked
-  log-sum-exp (trainer.nn.loss): a forward map and, under jax.checkpoint, a backward map that
-  recomputes a chunk's logits and takes both gradients. The compiler's cost of one chunk's forward
-  and backward bodies (compiled alone on the same mesh) times the (chunks - 1) missing iterations
-  is added (trainer.run.vocab_chunk.loop_cost). A Pallas kernel (splash or
+  program (trainer.measure.windowed_loops). The step's other loop is the chunked loss
+  head (trainer.nn.loss.fused_loss_sum): a loop over token chunks that takes each chunk's logits and
+  both gradients in the forward pass. The compiler's cost of one chunk's body (compiled alone on the
+  same mesh) times the (chunks - 1) missing iterations is added (trainer.run.vocab_chunk.loop_cost). A Pallas kernel (splash or
   flash attention) carries no cost for the analysis either: its FLOPs are counted from the attended keys
   (forward Q.K and P.V; backward recomputes Q.K and forms dP, dQ, dK, dV: 14 FLOPs per query, key and
   head dimension) and its bytes as its inputs and outputs read and written three times (forward,
@@ -35,14 +34,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainer.model import models
-from trainer.nn import layers, precision
-from trainer.run import hbm, mesh, step, vocab_chunk
 from trainer.config import CHECKPOINT_BYTES_PER_TRAINED_PARAMETER, TrainConfig
 from trainer.errors import UserError, first_line
-from trainer.run import compile_answers
 from trainer.measure import collectives, flops, hbm_traffic, windowed_loops
-from trainer.run import hardware
+from trainer.model import models
+from trainer.nn import layers, precision
+from trainer.run import compile_answers, hardware, hbm, mesh, step, vocab_chunk
 
 # The accelerator names of the stack config and the TPU catalog, as libtpu names a topology's chips.
 TOPOLOGY_PREFIX = {"v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}
@@ -104,6 +101,7 @@ class CompiledStep:
     bytes_accumulation: float = 0.0
     fingerprint: str | None  # of the lowered program: equal to the one the run records in config.json (None: --epochs)
     l_by_l_tensor: bool | None  # an [..., L, L] tensor in the optimized program (None: head_dim == L, cannot tell)
+    remat_speeds: tuple[step.RematSpeed, ...] = ()  # --remat auto: the policies compared (trainer.run.step)
 
     @property
     def flops_per_chip(self) -> float:
@@ -113,6 +111,18 @@ class CompiledStep:
     @property
     def bytes_accessed(self) -> float:
         return self.bytes_reported + self.bytes_loop_correction + self.bytes_kernels + self.bytes_accumulation
+
+    def times(self) -> dict[str, float]:
+        """Seconds a step takes at the chip's peak for its FLOPs, its HBM bandwidth for its bytes, its ICI for its collectives."""
+        chip = hardware.CHIPS[self.device_kind]
+        return {"flops": self.flops_per_chip / chip.peak_bf16_flops, "bytes": self.bytes_accessed / chip.hbm_bytes_per_s,
+                "ici": self.ici_bytes / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0}
+
+    def bound(self) -> tuple[float, str]:
+        """(seconds, what bounds them): the step can be no faster than its slowest resource (times)."""
+        times = self.times()
+        bound_by = max(times, key=times.get)
+        return times[bound_by], bound_by
 
 
 def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
@@ -149,16 +159,44 @@ def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: 
 
 def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1) -> CompiledStep:
     """The step compiled for `devices` as trainer.loop compiles it (--remat and --vocab-chunk auto: as
-    trainer.run.step.compile_run_step settles them); raises hbm.MemoryRefusal when the compiler refuses it."""
+    compile_fastest settles them); raises hbm.MemoryRefusal
+    when the compiler refuses it."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
     run_step = step.build_run_step(config, model_config, device_mesh, total_steps=schedule_steps(config), compute_dtype=compute_dtype)
-    run_step, lowered, compiled = step.compile_run_step(
+    run_step, lowered, compiled = compile_fastest(
         run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
+    return compiled_step(run_step, lowered, compiled, config, model_config)
+
+
+def compile_fastest(run_step: step.RunStep, config: TrainConfig, model_config, *, train_args):
+    """trainer.run.step.compile_run_step with --remat auto choosing by speed_estimate: what the trainer, the
+    benchmarks and `fit` all compile."""
+    return step.compile_run_step(run_step, config, model_config, train_args=train_args,
+                                 estimate=speed_estimate(config, model_config, list(run_step.device_mesh.devices.flat)))
+
+
+def speed_estimate(config: TrainConfig, model_config, devices):
+    """compile_run_step's `estimate` for a run on `devices`: a candidate's bound (CompiledStep.bound); None
+    for devices of no known peak (the CPU), where --remat auto takes the first policy that fits."""
+    if devices[0].device_kind not in hardware.CHIPS:
+        return None
+
+    def estimate(candidate: step.RunStep, lowered, compiled) -> step.RematSpeed:
+        seconds, bound_by = compiled_step(candidate, lowered, compiled, config, model_config).bound()
+        return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
+
+    return estimate
+
+
+def compiled_step(run_step: step.RunStep, lowered, compiled, config: TrainConfig, model_config) -> CompiledStep:
+    """What the compiler says of `run_step`'s compiled train step, per chip, with the corrections of the module docstring."""
+    devices = list(run_step.device_mesh.devices.flat)
     memory = compiled.memory_analysis()
     accumulation = config.grad_accum_steps
     loop_flops, loop_bytes = (accumulation * figure for figure in vocab_chunk.loop_cost(
-        device_mesh, compute_dtype, tokens=step.micro_batch_size(config) * config.seq_len, embed_dim=model_config.embed_dim,
-        vocab_size=model_config.num_embed, chunk=run_step.vocab_chunk, softcap=run_step.softcap))
+        run_step.device_mesh, run_step.compute_dtype, tokens=step.micro_batch_size(config) * config.seq_len,
+        embed_dim=model_config.embed_dim, vocab_size=model_config.num_embed, chunk=run_step.vocab_chunk, softcap=run_step.softcap,
+        embedding_gradient=not config.lora_rank))
     attention_flops, attention_bytes = kernel_cost(run_step, config, model_config)
     cost = _cost(compiled)
     accumulation_flops, accumulation_bytes = accumulation_cost(run_step, config, model_config, cost)
@@ -176,6 +214,7 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
         ici_bytes=collectives.collective_bytes(hlo), bytes_by_source=hbm_traffic.by_source(hlo),
         total_steps=schedule_steps(config), fingerprint=step.step_fingerprint(lowered) if config.steps else None,
         l_by_l_tensor=_has_l_by_l_tensor(hlo, config.seq_len, model_config.head_dim),
+        remat_speeds=run_step.remat_speeds,
     )
 
 
@@ -268,10 +307,7 @@ class Fit:
         compiled = self.compiled
         chip = hardware.CHIPS[compiled.device_kind]
         model_flops = flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank) * tokens
-        times = {"flops": compiled.flops_per_chip / chip.peak_bf16_flops, "bytes": compiled.bytes_accessed / chip.hbm_bytes_per_s,
-                 "ici": compiled.ici_bytes / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0}
-        bound_by = max(times, key=times.get)
-        bound_s = times[bound_by]
+        bound_s, bound_by = compiled.bound()
         return {
             **result,
             "device_kind": compiled.device_kind, "chips": compiled.chips, "hbm_bytes_per_chip": chip.hbm_bytes,

@@ -195,6 +195,8 @@ class RunStep:
     layers: layers_lib.LayerOptions
     functions: StepFunctions
     grad_accum_steps: int = 1  # --grad-accum-steps: micro-batches a step runs in sequence
+    # --remat auto with an estimate: each policy compiled that fits, with its step time (compile_run_step)
+    remat_speeds: tuple[RematSpeed, ...] = ()
 
     def shard(self, tree):
         """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.run.mesh)."""
@@ -207,6 +209,23 @@ class RunStep:
                                         vocab_chunk=vocab_chunk, state_shardings=self.state_shardings, layers=layers,
                                         grad_accum_steps=self.grad_accum_steps)
         return dataclasses.replace(self, vocab_chunk=vocab_chunk, layers=layers, functions=functions)
+
+
+@dataclasses.dataclass(frozen=True)
+class RematSpeed:
+    """A rematerialisation policy whose step fits, with the step time its compiled program bounds (the
+    larger of its FLOPs at the chip's peak, its HBM bytes at the chip's bandwidth, its collectives' bytes)."""
+
+    remat: str
+    seconds: float
+    bound_by: str  # "flops", "bytes" or "ici"
+
+
+def speed_words(speeds: tuple[RematSpeed, ...]) -> str:
+    """`remat dots (0.35 s a step, bound by flops), over none (0.41 s, bytes)`: the chosen policy first."""
+    chosen, *others = speeds
+    line = f"remat {chosen.remat} ({chosen.seconds:.3g} s a step by the compiler's figures, bound by {chosen.bound_by})"
+    return line + "".join(f", over {other.remat} ({other.seconds:.3g} s, {other.bound_by})" for other in others)
 
 
 def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype) -> RunStep:
@@ -259,41 +278,69 @@ def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.He
     return refused_head is None or refused_head.temporaries - head.temporaries >= short
 
 
-def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Callable):
-    """(run_step, lowered, compiled train step): the first rematerialisation policy of --remat whose step
-    the compiler fits in memory, with the fastest vocabulary chunk that fits beside it. On TPU a program
-    fits when the whole of it does (trainer.run.hbm), not only its temporaries. A candidate whose head cannot
+def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Callable,
+                     estimate: Callable[[RunStep, Any, Any], RematSpeed] | None = None):
+    """(run_step, lowered, compiled train step): a rematerialisation policy of --remat whose step the
+    compiler fits in memory, with the fastest vocabulary chunk that fits beside it. On TPU a program fits
+    when the whole of it does (trainer.run.hbm), not only its temporaries. A candidate whose head cannot
     free the bytes the last refusal was short of is not compiled. `train_args(run_step)` gives the train
     step's arguments (arrays or shapes); the last refusal is raised (hbm.MemoryRefusal), at once when
-    the arguments alone cannot fit."""
+    the arguments alone cannot fit.
+
+    Which policy: without `estimate`, the first that fits (the least recomputation). With it
+    (`estimate(candidate, lowered, compiled)`: its step time by the compiler's figures), the fastest that
+    fits: the next policy is compiled only while the fastest so far is bound by HBM bytes, since one that
+    recomputes more cannot beat a step bound by its FLOPs or collectives. The figures of every policy
+    compared are in the returned step's `remat_speeds`, the chosen first."""
     on_tpu = run_step.device_mesh.devices.flat[0].platform == "tpu"
     devices = list(run_step.device_mesh.devices.flat)
     if on_tpu and (refused := hbm.arguments_refusal(train_args(run_step), devices)):
         raise refused
     chunks = chunk_candidates(run_step, config, model_config)
-    refused = None
     remats = remat_candidates(config.remat)
+    refused, fitting = None, []  # fitting: (speed, candidate, lowered, compiled)
     for remat_number, remat in enumerate(remats, 1):
-        short, tried = 0, None
-        for head_number, head in enumerate(chunks, 1):
-            if not frees_enough(head, tried, short):
-                continue
-            candidate = run_step.choosing(remat=remat, vocab_chunk=run_step.vocab_chunk if head is None else head.chunk)
-            lowered = candidate.functions.train.lower(*train_args(candidate))
-            what = (f"train step, remat {remat} (candidate {remat_number} of {len(remats)}), vocabulary chunk "
-                    f"{candidate.vocab_chunk or 'none'} (head {head_number} of {len(chunks)})")
-            try:
-                compiled = compile_answers.compile(lowered, what=what, devices=devices)
-            except jax.errors.JaxRuntimeError as error:
-                refusal = hbm.memory_refusal(error)
-                if refusal is None:
-                    raise
-            else:
-                refusal = hbm.whole_program_refusal(compiled, devices) if on_tpu else None
-                if refusal is None:
-                    return candidate, lowered, compiled
-            refused, short, tried = refusal, refusal.required - refusal.available, head
-    raise refused
+        fits, refusal = _fitting_head(run_step, config, remat, chunks, train_args, devices, on_tpu=on_tpu,
+                                      remat_label=f"remat {remat} (candidate {remat_number} of {len(remats)})")
+        if fits is None:
+            refused = refusal
+            continue
+        if estimate is None:
+            return fits
+        fitting.append((estimate(*fits), *fits))
+        fastest = min(fitting, key=lambda entry: entry[0].seconds)
+        if fastest[0].bound_by != "bytes":
+            break
+    if not fitting:
+        raise refused
+    speeds, candidate, lowered, compiled = min(fitting, key=lambda entry: entry[0].seconds)
+    others = tuple(entry[0] for entry in fitting if entry[0] is not speeds)
+    return dataclasses.replace(candidate, remat_speeds=(speeds, *others)), lowered, compiled
+
+
+def _fitting_head(run_step: RunStep, config, remat: str, chunks, train_args: Callable, devices, *, on_tpu: bool,
+                  remat_label: str):
+    """((candidate, lowered, compiled), None) for the first vocabulary chunk of `chunks` whose step with
+    `remat` fits, or (None, the last refusal)."""
+    short, tried, refused = 0, None, None
+    for head_number, head in enumerate(chunks, 1):
+        if not frees_enough(head, tried, short):
+            continue
+        candidate = run_step.choosing(remat=remat, vocab_chunk=run_step.vocab_chunk if head is None else head.chunk)
+        lowered = candidate.functions.train.lower(*train_args(candidate))
+        what = f"train step, {remat_label}, vocabulary chunk {candidate.vocab_chunk or 'none'} (head {head_number} of {len(chunks)})"
+        try:
+            compiled = compile_answers.compile(lowered, what=what, devices=devices)
+        except jax.errors.JaxRuntimeError as error:
+            refusal = hbm.memory_refusal(error)
+            if refusal is None:
+                raise
+        else:
+            refusal = hbm.whole_program_refusal(compiled, devices) if on_tpu else None
+            if refusal is None:
+                return (candidate, lowered, compiled), None
+        refused, short, tried = refusal, refusal.required - refusal.available, head
+    return None, refused
 
 
 def abstract_params(config, model_config):

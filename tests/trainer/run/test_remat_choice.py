@@ -1,0 +1,59 @@
+"""--remat auto takes the fastest policy that fits by the compiler's figures, not the first (trainer.run.step)."""
+
+import jax.numpy as jnp
+import pytest
+
+from trainer.config import TrainConfig
+from trainer.model import models
+from trainer.run import compile_answers, mesh, step
+
+VOCAB = 64
+CONFIG = TrainConfig(model="tiny", weights="random", batch_size=2, seq_len=16, steps=2, remat="auto")
+
+
+@pytest.fixture(scope="module")
+def tiny_run_step(tmp_path_factory):
+    """The tiny step, compiled inside fit's session: each policy's program is compiled once for all the tests."""
+    model_config = models.model_config("tiny", vocab_size=VOCAB)
+    run_step = step.build_run_step(CONFIG, model_config, mesh.build_mesh(CONFIG.mesh), total_steps=2, compute_dtype=jnp.float32)
+    with compile_answers.session(cache_dir=tmp_path_factory.mktemp("answers"), stream=None):
+        yield run_step, model_config
+
+
+def _choose(tiny_run_step, figures: dict[str, tuple[float, str]]):
+    """compile_run_step with an estimate that answers `figures` for each policy; (chosen step, policies estimated)."""
+    run_step, model_config = tiny_run_step
+    estimated = []
+
+    def estimate(candidate, lowered, compiled):
+        estimated.append(candidate.layers.remat)
+        seconds, bound_by = figures[candidate.layers.remat]
+        return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
+
+    chosen, _, _ = step.compile_run_step(run_step, CONFIG, model_config, estimate=estimate,
+                                         train_args=lambda candidate: step.abstract_train_args(candidate, CONFIG, model_config))
+    return chosen, estimated
+
+
+def test_a_step_bound_by_hbm_bytes_gives_way_to_a_faster_policy_that_recomputes_more(tiny_run_step):
+    chosen, estimated = _choose(tiny_run_step, {"none": (2.0, "bytes"), "dots": (1.0, "bytes"), "full": (1.5, "flops")})
+    assert chosen.layers.remat == "dots" and estimated == ["none", "dots", "full"]
+    assert [speed.remat for speed in chosen.remat_speeds] == ["dots", "none", "full"]  # the chosen first, for the start line
+    assert step.speed_words(chosen.remat_speeds).startswith("remat dots (1 s a step")
+
+
+@pytest.mark.parametrize("figures, compiled", [
+    ({"none": (1.0, "flops")}, ["none"]),  # bound by FLOPs: more recomputation cannot be faster
+    ({"none": (1.0, "ici")}, ["none"]),  # nor by collectives
+    ({"none": (2.0, "bytes"), "dots": (1.0, "flops")}, ["none", "dots"]),
+])
+def test_no_policy_is_compiled_that_cannot_be_faster(tiny_run_step, figures, compiled):
+    chosen, estimated = _choose(tiny_run_step, figures)
+    assert estimated == compiled and chosen.layers.remat == compiled[-1]
+
+
+def test_without_an_estimate_the_first_policy_that_fits_is_taken(tiny_run_step):
+    run_step, model_config = tiny_run_step
+    chosen, _, _ = step.compile_run_step(run_step, CONFIG, model_config,
+                                         train_args=lambda candidate: step.abstract_train_args(candidate, CONFIG, model_config))
+    assert chosen.layers.remat == "none" and chosen.remat_speeds == ()

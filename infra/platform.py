@@ -12,6 +12,7 @@ from infra.cloud.apis import ProjectApis
 from infra.cloud.cluster import GkeCluster
 from infra.config import StackConfig
 from infra.cloud.identity import TrainingIdentity
+from infra.cloud.multi_tier import MultiTierCheckpointing
 from infra.queueing.jobset import JobSetController
 from infra.queueing.kueue import KueueQueue
 from infra.observability.monitoring import Monitoring
@@ -37,6 +38,7 @@ class Platform:
     jobset: JobSetController
     queue: KueueQueue | None  # None without gemma-tpu:queue.enabled
     monitoring: Monitoring | None  # None with gemma-tpu:monitoring.enabled false
+    multi_tier: MultiTierCheckpointing | None = None  # None without gemma-tpu:cluster.multiTierCheckpointing
 
     @property
     def kubernetes_provider(self) -> k8s.Provider:
@@ -78,8 +80,10 @@ class Platform:
 
     @property
     def identity_bindings(self) -> list[pulumi.Resource]:
-        """What pods wait for: their Google accounts' bucket roles and Workload Identity bindings."""
-        return [*self.identity.training.bindings, *self.identity.preparation.bindings]
+        """What pods wait for: their Google accounts' bucket roles and Workload Identity bindings, and the
+        CheckpointConfiguration whose driver serves their multi-tier volume."""
+        return [*self.identity.training.bindings, *self.identity.preparation.bindings,
+                *(self.multi_tier.configurations if self.multi_tier else ())]
 
 
 def build(config: StackConfig) -> Platform:
@@ -114,4 +118,6 @@ def build(config: StackConfig) -> Platform:
         jobset=jobset,
         queue=KueueQueue("queue", config, cluster, after=kueue_after) if config.queue.enabled else None,
         monitoring=Monitoring("monitoring", config, after=after_apis, opts=on_gcp) if config.monitoring.enabled else None,
+        multi_tier=MultiTierCheckpointing("multi-tier", config, cluster, buckets, after=after_apis, opts=on_gcp)
+        if config.multi_tier else None,
     )

@@ -29,6 +29,7 @@ from trainer.errors import OneLineParser, UserError
 PROGRAM = PROJECT_ROOT / "__main__.py"
 PLACEHOLDER_DNS_ENDPOINT = "gke-0123456789abcdef-000000000000.us-east5.gke.goog"  # a cluster's DNS endpoint form
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64  # of an image build, known only after the push
+PLACEHOLDER_PROJECT_NUMBER = "123456789012"  # the project's number, which only the API knows
 PLACEHOLDER_DASHBOARD_ID = "PLACEHOLDER-DASHBOARD-ID"  # assigned by Monitoring on creation
 COMPUTED = "<computed>"  # a value only the provider knows after creating the resource
 USER_ERROR = 2
@@ -78,6 +79,8 @@ class _CloudPlaceholders(pulumi.runtime.Mocks):
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
+        if args.token == "gcp:organizations/getProject:getProject":  # the project number an IAM principal names
+            return {"projectId": self.project, "number": PLACEHOLDER_PROJECT_NUMBER}
         return {}
 
 

@@ -14,7 +14,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The stack config, the catalog and the pure builders both sides share: what both the components and
 # the workload builders read.
-CONFIG_LAYER = {"infra.cloud.accounts", "infra.config", "infra.errors", "infra.catalog.names", "infra.queueing.queues", "infra.config.stack_files", "infra.catalog.tpu"}
+CONFIG_LAYER = {"infra.cloud.accounts", "infra.cloud.checkpointing", "infra.config", "infra.errors", "infra.catalog.names", "infra.queueing.queues", "infra.config.stack_files", "infra.catalog.tpu"}
 PROGRAM = {"stack", "__main__"}
 # The trainer's layers, lowest first: a module imports its own layer or lower ones. A name covers a
 # module and, for a package, everything in it; "trainer" covers the package's __init__ alone. Each folder
@@ -29,6 +29,7 @@ TRAINER_LAYERS = (
     ("Hugging Face formats", ("trainer.hf",)),
     ("the model's assembly", ("trainer.model",)),
     ("one run on the chips", ("trainer.run",)),
+    ("GKE's multi-tier checkpointing", ("trainer.multitier",)),
     ("what a run costs", ("trainer.measure",)),
     ("what drives a model", ("trainer.loop", "trainer.generate", "trainer.export", "trainer.goodput_report", "trainer.supervise")),
     ("the entry point", ("trainer.__main__",)),

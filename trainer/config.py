@@ -96,6 +96,9 @@ class TrainConfig:
     # The fast tier (trainer.run.local_checkpoints): per-host storage, off when None.
     local_checkpoint_dir: str | None = None
     local_checkpoint_interval: str = "auto"  # auto or a number of steps
+    # GKE's multi-tier checkpointing (trainer.multitier): the local tier's directory is its volume; the
+    # node's replicator backs it up every this many minutes. None: our own local format.
+    multi_tier_backup_minutes: int | None = None
     workdir: str = "runs/train"
     seed: int = 0
     preset: str | None = None
@@ -339,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the local one only at a step every process holds (default: off)")
     add("--local-checkpoint-interval", type=_local_checkpoint_interval, help="steps between local checkpoints; auto: chosen "
         "from the first local save so that saving costs under 2%% of the step time (default auto)")
+    add("--multi-tier-backup-minutes", type=_positive_int, metavar="MINUTES", help="--local-checkpoint-dir is GKE's "
+        "multi-tier checkpointing volume (CSI driver multitier-checkpoint.csi.storage.gke.io): JAX joins the job through its "
+        "jax-init-info.txt, the local tier saves through Orbax's ReplicatorCheckpointManager, and the node's replicator "
+        "copies it to its bucket every MINUTES (default: off, the local tier in its own format)")
     add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")
     add("--seed", type=_seed, help=f"seed for initialisation and data order (default {d.seed})")
     add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run); "
@@ -466,6 +473,9 @@ def _check_consistency(config: TrainConfig) -> None:
                         "full fine-tune (no --lora-rank): publish hf")
     if config.lora_weights and not config.lora_rank:
         raise UserError(f"--lora-weights {config.lora_weights} continues a LoRA run: pass --lora-rank, the adapter's r")
+    if config.multi_tier_backup_minutes is not None and config.local_checkpoint_dir is None:
+        raise UserError(f"--multi-tier-backup-minutes {config.multi_tier_backup_minutes} needs --local-checkpoint-dir: the "
+                        "mount of GKE's multi-tier checkpointing volume")
     if config.local_checkpoint_dir is not None:
         local = pathlib.Path(os.path.abspath(config.local_checkpoint_dir))
         persistent = config.resolved_checkpoint_dir

@@ -23,6 +23,7 @@ from trainer.run import checkpoint, compile_answers, hbm, local_checkpoints, mes
 from trainer.run import optimizer as optimizer_lib
 from trainer import export
 from trainer.hf import publish
+from trainer.multitier import replicated
 
 from trainer.measure import compiled, flops, goodput_accounting, step_profile
 from trainer.data import loader as data_lib
@@ -66,9 +67,7 @@ def train(config: TrainConfig, *, started: float | None = None) -> dict:
     this attempt began (the process's start, from the entry point), for its goodput events; else now."""
     storage.check_run_paths(config)
     with EventLog(started) as events:
-        distributed = mesh.initialize_distributed(
-            coordinator_address=config.coordinator_address, num_processes=config.num_processes, process_id=config.process_id
-        )
+        distributed = replicated.initialize_distributed(config)  # through GKE's multi-tier checkpointing volume, or not
         mesh.require_requested_platform()
         cache = compile_answers.use_persistent_cache(config.compilation_cache_dir) if config.compilation_cache_dir else None
         events.mark("init")
@@ -109,7 +108,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     )
     checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints)
     abstract = step.abstract_state(step.abstract_params(config, model_config)[0], optimizer, state_shardings_fn=run_step.shard)
-    local = local_checkpoints.open_local(config, abstract)  # None without --local-checkpoint-dir
+    local = replicated.open_local_tier(config, abstract, device_mesh)  # None without --local-checkpoint-dir
     tiers = local_checkpoints.Tiers(checkpointer, local)
     resume_step = tiers.newest_step()
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from infra.cloud.checkpointing import checkpoint_configurations
 from infra.config import StackConfig, parse_stack_config
 from infra.config.stack_files import offline_values
 from infra.errors import ConfigError
@@ -58,7 +59,8 @@ def stack_objects(config: StackConfig, served_version: str | None = None) -> lis
     """Every Kubernetes object `pulumi up` applies for the stack's runs, in order, then its serving
     of `served_version` (None: as before anything is published; docs/serving.md)."""
     specs = render_specs(config)
-    return manifests.all_objects(specs, queue_objects(config)) + serving.stack_serving_objects(config, specs, served_version)
+    cluster_objects = [*checkpoint_configurations(config), *queue_objects(config)]
+    return manifests.all_objects(specs, cluster_objects) + serving.stack_serving_objects(config, specs, served_version)
 
 
 def write(objects: list[dict[str, Any]], directory: pathlib.Path) -> list[pathlib.Path]:

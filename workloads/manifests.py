@@ -30,6 +30,7 @@ have `backoffLimit: 0` and the JobSet restarts them as a whole.
 from collections.abc import Sequence
 from typing import Any
 
+from infra.cloud import checkpointing
 from infra.cloud.accounts import namespace_object, service_account_object
 from infra.queueing.queues import MAX_RUN_ANNOTATION, PRIORITY_LABEL, QUEUE_LABEL
 from infra.catalog.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
@@ -102,7 +103,11 @@ def _trainer_command(spec: RunSpec) -> tuple[str, ...]:
 
 def _local_checkpoint_volume(spec: RunSpec) -> dict[str, Any]:
     """The local tier's volume: host memory (tmpfs), bounded. Its pages count against the trainer
-    container's memory limit, which infra.config.runs checks it fits in with the trainer."""
+    container's memory limit, which infra.config.runs checks it fits in with the trainer. On a
+    multi-tier checkpointing stack: GKE's inline CSI volume (no attributes), the node's RAM disk that
+    the CheckpointConfiguration sizes (infra.cloud.checkpointing), which outlives the pod."""
+    if spec.multi_tier_backup_minutes is not None:
+        return {"name": _LOCAL_CHECKPOINT_VOLUME, "csi": {"driver": checkpointing.CSI_DRIVER}}
     return {"name": _LOCAL_CHECKPOINT_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.local_checkpoint_gib}Gi"}}
 
 
@@ -115,6 +120,9 @@ def _trainer_env(spec: RunSpec) -> list[dict[str, Any]]:
             {"name": "MEGASCALE_SLICE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}}},
             {"name": "MEGASCALE_COORDINATOR_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/coordinator']"}}},
         ]  # fmt: skip
+    if spec.multi_tier_backup_minutes is not None:
+        # Orbax names the run's backups after the JobSet (trainer.multitier.replicated).
+        env.append({"name": "JOBSET_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"}}})
     return env
 
 
@@ -151,16 +159,22 @@ def _trainer_pod(spec: RunSpec) -> dict[str, Any]:
         fuse_volume("artifacts", spec.artifacts_bucket, uid=spec.trainer_uid, read_only=False),
         fuse_cache_volume(spec.data_cache_gib),
     ]
+    node_selector = dict(spec.tpu_node_selector)
     if spec.local_checkpoint_gib is not None:
         trainer["volumeMounts"].append({"name": _LOCAL_CHECKPOINT_VOLUME, "mountPath": LOCAL_CHECKPOINT_MOUNT})
         volumes.append(_local_checkpoint_volume(spec))
+    if spec.multi_tier_backup_minutes is not None:
+        # JAX's coordinator, which the node's rank server names in jax-init-info.txt; the nodes whose
+        # driver serves the volume (the CheckpointConfiguration's selector).
+        trainer["ports"].append({"name": "jax-coordinator", "containerPort": checkpointing.COORDINATOR_PORT})
+        node_selector |= spec.multi_tier_node_selector
     return {
         "metadata": pod_metadata(object_labels("train", spec.name), evictable=False),
         "spec": {
             "serviceAccountName": spec.service_account,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-            "nodeSelector": dict(spec.tpu_node_selector),
+            "nodeSelector": node_selector,
             **_node_pool_affinity(spec.tpu_node_pools),
             "securityContext": pod_security(spec.trainer_uid),
             "containers": [trainer],
@@ -270,11 +284,13 @@ def training(spec: RunSpec) -> dict[str, Any]:
     return training_job(spec) if spec.shape == "job" else training_jobset(spec)
 
 
-def all_objects(specs: Sequence[RunSpec], queue_objects: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+def all_objects(specs: Sequence[RunSpec], cluster_objects: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Every object of the stack's runs in the order they are applied: the namespace and its
-    ServiceAccounts, the queue (infra.queueing.queues), data preparation, then each run's training object."""
+    ServiceAccounts, the cluster's objects the runs need (multi-tier checkpointing's configuration,
+    infra.cloud.checkpointing; the queue, infra.queueing.queues), data preparation, then each run's
+    training object."""
     first = specs[0]
-    return [namespace(first), *service_accounts(first), *queue_objects, *preparation_jobs(specs), *map(training, specs)]
+    return [namespace(first), *service_accounts(first), *cluster_objects, *preparation_jobs(specs), *map(training, specs)]
 
 
 def logs_command(spec: RunSpec) -> str:

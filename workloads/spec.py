@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from infra.config import RunConfig, StackConfig
+from infra.cloud.checkpointing import in_memory_volume_gib, node_selector
 from infra.config.runs import local_tier_gib
 from infra.config.training import PreparationConfig, trainer_flags
 from infra.config.slices import trainer_memory_gib
@@ -96,6 +97,10 @@ class RunSpec:
     pod_disk_gib: int  # each training pod's ephemeral-storage request (cache volume and scratch)
     trainer_memory_gib: int | None  # the trainer container's memory request and limit; None: Autopilot's own
     local_checkpoint_gib: int | None  # the local tier's memory-backed volume in each training pod; None: no local tier
+    # With a local tier on a gemma-tpu:cluster.multiTierCheckpointing stack: the node replicator's backup
+    # interval; the tier's volume is then GKE's multi-tier checkpointing volume (the node's RAM disk).
+    multi_tier_backup_minutes: int | None = None
+    multi_tier_node_selector: dict[str, str] | None = None  # the nodes the CheckpointConfiguration's driver runs on
     artifacts_bucket: str
     dataset: str  # https:// URL or gs:// path of the raw data (text, JSONL or Parquet)
     preparation_flags: tuple[str, ...]  # trainer.data.prepare's flags for how it reads the dataset
@@ -196,8 +201,10 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
         data_bucket=config.data_bucket,
         data_cache_gib=config.data_cache_gib,
         pod_disk_gib=config.training_pod_disk_gib,
-        trainer_memory_gib=trainer_memory_gib(config.slice, config.cluster_mode),
+        trainer_memory_gib=_trainer_memory_gib(config, run),
         local_checkpoint_gib=None if training.local_checkpoint_interval is None else local_tier_gib(training, config.slice),
+        multi_tier_backup_minutes=_multi_tier_backup_minutes(config, run),
+        multi_tier_node_selector=node_selector(config) if config.multi_tier else None,
         artifacts_bucket=config.artifacts_bucket,
         dataset=training.dataset,
         preparation_flags=tuple(run.preparation.flags()),
@@ -221,6 +228,22 @@ def run_spec(config: StackConfig, run: RunConfig, *, image: str) -> RunSpec:
     )
 
 
+def _multi_tier_backup_minutes(config: StackConfig, run: RunConfig) -> int | None:
+    """The run's local tier on GKE's multi-tier checkpointing volume: the replicator's backup interval."""
+    if config.multi_tier is None or run.training.local_checkpoint_interval is None:
+        return None
+    return config.multi_tier.backup_minutes
+
+
+def _trainer_memory_gib(config: StackConfig, run: RunConfig) -> int | None:
+    """The host's bound for the trainer (trainer_memory_gib), less the node's RAM disk where the run's
+    local tier is on the multi-tier volume (its pages are the node's, outside the pod)."""
+    memory = trainer_memory_gib(config.slice, config.cluster_mode)
+    if memory is None or _multi_tier_backup_minutes(config, run) is None:
+        return memory
+    return memory - in_memory_volume_gib(config)
+
+
 def _trainer_args(config: StackConfig, run: RunConfig, data_dir: str, run_dir: str, publish_dir: str) -> tuple[str, ...]:
     training = run.training
     args = [
@@ -240,6 +263,8 @@ def _trainer_args(config: StackConfig, run: RunConfig, data_dir: str, run_dir: s
         args += ["--publish-parts", ",".join(config.serving.parts)]  # what its serving serves (lora: adapter)
     if training.local_checkpoint_interval is not None:
         args += ["--local-checkpoint-dir", LOCAL_CHECKPOINT_MOUNT, "--local-checkpoint-interval", training.local_checkpoint_interval]
+        if (minutes := _multi_tier_backup_minutes(config, run)) is not None:
+            args += ["--multi-tier-backup-minutes", str(minutes)]
     if training.profiling:
         args += ["--profile-port", str(PROFILE_PORT), "--profile-dir", f"{run_dir}/profile"]
     return tuple(args)

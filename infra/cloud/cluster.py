@@ -164,6 +164,10 @@ class GkeCluster(Component):
                     gcs_fuse_csi_driver_config=gcp.container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(
                         enabled=True
                     ),
+                    # GKE's multi-tier checkpointing (infra.cloud.multi_tier): its CRD, controller and CSI driver.
+                    high_scale_checkpointing_config=gcp.container.ClusterAddonsConfigHighScaleCheckpointingConfigArgs(
+                        enabled=True
+                    ) if config.multi_tier else None,
                 ),
                 datapath_provider="ADVANCED_DATAPATH",  # Dataplane V2: eBPF networking, network policy enforced
                 enable_shielded_nodes=True,

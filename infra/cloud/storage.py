@@ -1,11 +1,13 @@
-"""The data bucket (training corpus, read-only to training) and the artifacts bucket
-(checkpoints, TensorBoard logs, profiles)."""
+"""The data bucket (training corpus, read-only to training), the artifacts bucket (checkpoints,
+TensorBoard logs, profiles) and, with gemma-tpu:cluster.multiTierCheckpointing, the bucket GKE's node
+replicator backs the local tier up to (infra.cloud.checkpointing)."""
 
 from collections.abc import Sequence
 
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.cloud.checkpointing import backup_bucket
 from infra.cloud.component import Component
 from infra.config import StackConfig
 
@@ -23,7 +25,12 @@ class Buckets(Component):
         super().__init__("Buckets", name, after=after, opts=opts)
         self.data = self._bucket("data", config.data_bucket, config, keep=False)
         self.artifacts = self._bucket("artifacts", config.artifacts_bucket, config, keep=config.keep_artifacts)
-        self.register_outputs({"data": self.data.url, "artifacts": self.artifacts.url})
+        # Hierarchical namespace is what the replicator needs of it (atomic folder renames). Deleted like the
+        # data bucket: its backups are of steps the persistent tier (artifacts) also saves, less often.
+        self.multi_tier = (self._bucket("multi-tier", backup_bucket(config), config, keep=False)
+                           if config.multi_tier else None)
+        self.register_outputs({"data": self.data.url, "artifacts": self.artifacts.url,
+                               **({"multi_tier": self.multi_tier.url} if self.multi_tier else {})})
 
     def _bucket(self, role: str, bucket_name: str, config: StackConfig, *, keep: bool) -> gcp.storage.Bucket:
         return gcp.storage.Bucket(

@@ -1,5 +1,5 @@
-"""gemma-tpu:cluster: Standard or Autopilot, who reaches the control plane, and when GKE may upgrade
-the cluster, to which version at least."""
+"""gemma-tpu:cluster: Standard or Autopilot, who reaches the control plane, when GKE may upgrade
+the cluster, to which version at least, and GKE's multi-tier checkpointing."""
 
 import ipaddress
 import re
@@ -19,6 +19,11 @@ _MAINTENANCE_HOURS_MIN = 4
 # Flex-start TPU nodes through queued provisioning (Kueue's ProvisioningRequest admission check)
 # need this GKE version (cloud.google.com/kubernetes-engine/docs/how-to/tpu-flex-start ...).
 FLEX_START_QUEUED_MIN_GKE = "1.33.0-gke.1712000"
+# GKE's multi-tier checkpointing (the HighScaleCheckpointing addon) needs this version, on Standard
+# clusters only (cloud.google.com/kubernetes-engine/docs/how-to/machine-learning/training/multi-tier-checkpointing,
+# as collected in ../shared/mtc/cluster.md).
+MULTI_TIER_MIN_GKE = "1.32.4-gke.1415000"
+MULTI_TIER_KEY = "multiTierCheckpointing"
 _GKE_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
 
 
@@ -84,3 +89,38 @@ def check_cluster_version(key: str, version: str, *, queued_flex_start: bool) ->
                 f"{key} is {version}, but flex-start TPU nodes through Kueue's queued provisioning need GKE "
                 f"{FLEX_START_QUEUED_MIN_GKE} or later; raise it or leave it unset (the release channel's default)"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiTierCheckpointing:
+    """gemma-tpu:cluster.multiTierCheckpointing: the cluster addon on, and the runs' local tier on its
+    node volume, which the node's replicator backs up to a bucket every `backup_minutes`."""
+
+    backup_minutes: int
+
+
+def parse_multi_tier(cluster: Section) -> MultiTierCheckpointing | None:
+    if cluster.raw(MULTI_TIER_KEY) is None:
+        return None
+    section = cluster.section(MULTI_TIER_KEY)
+    minutes = section.integer("backupMinutes", 30, minimum=1)
+    section.reject_unknown()
+    return MultiTierCheckpointing(backup_minutes=minutes)
+
+
+def check_multi_tier(cluster: Section, *, mode: str, version: str | None, slices: int) -> None:
+    """What GKE's multi-tier checkpointing needs of the stack, each refused in one line."""
+    key = cluster.key(MULTI_TIER_KEY)
+    if mode == "autopilot":
+        raise ConfigError(f"{key}: GKE's multi-tier checkpointing is not available on Autopilot clusters; set "
+                          f"{cluster.key('mode')}: standard, or remove {MULTI_TIER_KEY}")
+    if version is not None and _gke_version(version) is not None:
+        parsed, floor = _gke_version(version), _gke_version(MULTI_TIER_MIN_GKE)
+        if parsed < floor[: len(parsed)]:
+            raise ConfigError(f"{cluster.key('version')} is {version}, but {key} needs GKE {MULTI_TIER_MIN_GKE} or later; "
+                              "raise it or leave it unset (the release channel's default)")
+    if slices < 2:
+        raise ConfigError(f"{key}: GKE's multi-tier checkpointing replicates each host's checkpoint to the same host of "
+                          "another slice, and its sources assume a job of two or more slices (node pools); this stack has "
+                          f"one (gemma-tpu:tpu.slices): remove {MULTI_TIER_KEY} and keep gemma-tpu:training."
+                          "localCheckpointInterval (the tier in host memory, docs/stacks.md)")

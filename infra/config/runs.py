@@ -41,7 +41,8 @@ class RunConfig:
         return self.training.run_name
 
 
-def parse_runs(value: Any, training_section: Section, tpu_config: TpuConfig, slice_spec: SliceSpec) -> tuple[RunConfig, ...]:
+def parse_runs(value: Any, training_section: Section, tpu_config: TpuConfig, slice_spec: SliceSpec, *,
+               multi_tier: bool = False) -> tuple[RunConfig, ...]:
     """gemma-tpu:runs: a list of runs, each the gemma-tpu:training settings (already checked) with
     its own keys over them."""
     key = f"{PROJECT}:runs"
@@ -77,12 +78,14 @@ def parse_runs(value: Any, training_section: Section, tpu_config: TpuConfig, sli
         if run.name in seen:
             raise ConfigError(f"{section.key('name')} {run.name!r} is also {key}[{seen[run.name]}].name; give each run its own name")
         seen[run.name] = index
-        check_run(section, run, tpu_config, slice_spec, name_key="name")
+        check_run(section, run, tpu_config, slice_spec, name_key="name", multi_tier=multi_tier)
         runs.append(run)
     return tuple(runs)
 
 
-def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spec: SliceSpec, *, name_key: str) -> None:
+def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spec: SliceSpec, *, name_key: str,
+              multi_tier: bool = False) -> None:
+    """`multi_tier`: the local tier is on GKE's multi-tier checkpointing volume (gemma-tpu:cluster.multiTierCheckpointing)."""
     run_tpu = replace(tpu_config, slices=run.slices)
     _check_run_name(section.key(name_key), run.name, run_tpu, slice_spec)
     hosts = slice_spec.hosts * run.slices
@@ -105,7 +108,7 @@ def check_run(section: Section, run: RunConfig, tpu_config: TpuConfig, slice_spe
             f"{slice_spec.topology} slice ({divisors}); `python -m workloads fit --stack NAME --splits` compares them"
         )
     if run.training.local_checkpoint_interval is not None:
-        _check_local_tier(section, run.training, slice_spec)
+        _check_local_tier(section, run.training, slice_spec, multi_tier=multi_tier)
 
 
 def local_tier_share_bytes(training: TrainingConfig, slice_spec: SliceSpec) -> int:
@@ -134,9 +137,11 @@ def _local_tier_needed_gib(training: TrainingConfig, slice_spec: SliceSpec) -> f
     return local_tier_gib(training, slice_spec) + local_tier_share_bytes(training, slice_spec) / _GIB
 
 
-def _check_local_tier(section: Section, training: TrainingConfig, slice_spec: SliceSpec) -> None:
+def _check_local_tier(section: Section, training: TrainingConfig, slice_spec: SliceSpec, *, multi_tier: bool) -> None:
     """The tier's volume is host memory inside the trainer container's bound, and the trainer holds one
-    more share while a save is written: both must fit in it, or the kernel OOM-kills the trainer."""
+    more share while a save is written: both must fit in it, or the kernel OOM-kills the trainer. On the
+    multi-tier volume (a RAM disk of the node, outside the pod) the trainer's bound is lowered by the
+    volume: the same sum must fit in the same memory."""
     needed, host = _local_tier_needed_gib(training, slice_spec), slice_spec.trainer_memory_gib
     if needed > host:
         precision = training.precision or trainer_config.TrainConfig().precision
@@ -146,8 +151,9 @@ def _check_local_tier(section: Section, training: TrainingConfig, slice_spec: Sl
                   for other, size in trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER.items()
                   if not training.lora_rank and size < trainer_config.CHECKPOINT_BYTES_PER_TRAINED_PARAMETER[precision]]
         fitting = [f"precision: {other} (its tier needs {other_needed:.1f} GiB)" for other, other_needed in leaner if other_needed <= host]
+        volume = f"{PROJECT}:cluster.multiTierCheckpointing: the node's RAM disk for" if multi_tier else f"{section.key('localCheckpointInterval')}:"
         raise ConfigError(
-            f"{section.key('localCheckpointInterval')}: the local checkpoint tier needs {needed:.1f} GiB of host memory on each "
+            f"{volume} the local checkpoint tier needs {needed:.1f} GiB of host memory on each "
             f"{slice_spec.machine_type} host ({LOCAL_CHECKPOINTS_KEPT + 1} copies of its {share:.1f} GiB share of the {training.model} "
             f"{precision} state, {LOCAL_TIER_MARGIN_GIB} GiB margin, and the copy a save writes from), over the {host} GiB the "
             f"trainer has there; set {fitting[0] + ' or ' if fitting else ''}loraRank, or remove localCheckpointInterval (the persistent tier alone)"

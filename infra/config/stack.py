@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.config.cluster import CLUSTER_MODES, ClusterAccess, check_cluster_version, parse_access
+from infra.config.cluster import (CLUSTER_MODES, ClusterAccess, MultiTierCheckpointing, check_cluster_version, check_multi_tier,
+                                  parse_access, parse_multi_tier)
 from infra.config.monitoring import MonitoringConfig, parse_monitoring
 from infra.config.network import NetworkConfig, check_network_size, parse_network
 from infra.config.queue import QueueConfig, check_queue, read_queue
@@ -62,6 +63,7 @@ class StackConfig:
     queue: QueueConfig
     monitoring: MonitoringConfig
     serving: ServingConfig | None  # gemma-tpu:serving; None: off
+    multi_tier: MultiTierCheckpointing | None = None  # gemma-tpu:cluster.multiTierCheckpointing; None: off
 
     @property
     def cluster_name(self) -> str:
@@ -141,6 +143,7 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     cluster_mode = cluster.text("mode", "standard", CLUSTER_MODES)
     cluster_version = cluster.text("version", "") or None
     access = parse_access(cluster)
+    multi_tier = parse_multi_tier(cluster)
     network_section = top.section(f"{PROJECT}:network")
     network = parse_network(network_section)
     tpu_config = parse_tpu(tpu_section)
@@ -178,11 +181,16 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
     if cluster_version is not None:
         queued_flex_start = queue_enabled and tpu_config.capacity == "flex-start"
         check_cluster_version(cluster.key("version"), cluster_version, queued_flex_start=queued_flex_start)
+    if multi_tier is not None:
+        check_multi_tier(cluster, mode=cluster_mode, version=cluster_version, slices=tpu_config.slices)
     if runs_value is None:
         runs = (RunConfig(training=training, preparation=preparation, priority="normal", slices=tpu_config.slices),)
-        check_run(training_section, runs[0], tpu_config, slice_spec, name_key="runName")
+        check_run(training_section, runs[0], tpu_config, slice_spec, name_key="runName", multi_tier=multi_tier is not None)
     else:
-        runs = parse_runs(runs_value, training_section, tpu_config, slice_spec)
+        runs = parse_runs(runs_value, training_section, tpu_config, slice_spec, multi_tier=multi_tier is not None)
+    if multi_tier is not None and all(run.training.local_checkpoint_interval is None for run in runs):
+        raise ConfigError(f"{cluster.key('multiTierCheckpointing')}: no run has a local checkpoint tier to put on its volume; "
+                          f"set {training_section.key('localCheckpointInterval')} (auto or steps), or remove the key")
     capacity = capacity_chips(slice_spec, tpu_config.slices)
     queue = QueueConfig(enabled=queue_enabled, tpu_quota=capacity if tpu_quota is None else tpu_quota)
     check_queue(queue_section, queue, runs, slice_spec, capacity,
@@ -214,4 +222,5 @@ def parse_stack_config(values: Mapping[str, Any], stack: str) -> StackConfig:
         queue=queue,
         monitoring=monitoring,
         serving=serving,
+        multi_tier=multi_tier,
     )

@@ -4,6 +4,7 @@
 """
 
 from rules.base import Resource, ResourceRule, StackRule, Violation
+from rules.checkpointing import MULTI_TIER_VOLUMES_SERVED
 from rules.gke import CLUSTER_WORKLOAD_IDENTITY, NODE_IDENTITY
 from rules.network import CLUSTER_NETWORK, CONTROL_PLANE_ACCESS, PRIVATE_NODES
 from rules.queue import QUOTA_WITHIN_CAPACITY, WORKLOADS_QUEUED
@@ -27,6 +28,7 @@ RESOURCE_RULES: tuple[ResourceRule, ...] = (
     MODEL_MOUNTS_READ_ONLY,
     SERVICES_NOT_PUBLIC,
 )
-STACK_RULES: tuple[StackRule, ...] = (IMAGES_FROM_STACK_REGISTRY, WORKLOADS_QUEUED, QUOTA_WITHIN_CAPACITY, SERVER_IMAGES_PINNED)
+STACK_RULES: tuple[StackRule, ...] = (IMAGES_FROM_STACK_REGISTRY, WORKLOADS_QUEUED, QUOTA_WITHIN_CAPACITY, SERVER_IMAGES_PINNED,
+                                      MULTI_TIER_VOLUMES_SERVED)
 
 __all__ = ["RESOURCE_RULES", "STACK_RULES", "Resource", "ResourceRule", "StackRule", "Violation"]

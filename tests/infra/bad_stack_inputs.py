@@ -60,6 +60,8 @@ KEYS = (
 )
 MULTISLICE = {"topology": "2x4", "slices": 2}
 QUEUED = {"enabled": True}
+MULTI_TIER = {"backupMinutes": 30}
+LOCAL_TIER = {"localCheckpointInterval": "auto"}
 SERVING = {"enabled": True, "image": "vllm/vllm-tpu:v0.27.0@sha256:" + "a" * 64}
 
 CASES = (
@@ -272,6 +274,36 @@ CASES = (
                      "gemma-tpu:queue": QUEUED},
              error="gemma-tpu:cluster.version is 1.32, but flex-start TPU nodes through Kueue's queued provisioning need GKE "
                    "1.33.0-gke.1712000 or later; raise it or leave it unset (the release channel's default)"),
+    BadStack(case="multi-tier checkpointing on Autopilot",
+             config={"gemma-tpu:cluster": {"mode": "autopilot", "multiTierCheckpointing": MULTI_TIER}, "gemma-tpu:tpu": MULTISLICE,
+                     "gemma-tpu:training": LOCAL_TIER},
+             error="gemma-tpu:cluster.multiTierCheckpointing: GKE's multi-tier checkpointing is not available on Autopilot "
+                   "clusters; set gemma-tpu:cluster.mode: standard, or remove multiTierCheckpointing"),
+    BadStack(case="multi-tier checkpointing on too old a GKE",
+             config={"gemma-tpu:cluster": {"version": "1.32.3-gke.1785000", "multiTierCheckpointing": MULTI_TIER},
+                     "gemma-tpu:tpu": MULTISLICE, "gemma-tpu:training": LOCAL_TIER},
+             error="gemma-tpu:cluster.version is 1.32.3-gke.1785000, but gemma-tpu:cluster.multiTierCheckpointing needs GKE "
+                   "1.32.4-gke.1415000 or later; raise it or leave it unset (the release channel's default)"),
+    BadStack(case="multi-tier checkpointing of one slice",
+             config={"gemma-tpu:cluster": {"multiTierCheckpointing": MULTI_TIER}, "gemma-tpu:tpu": {"topology": "2x4"},
+                     "gemma-tpu:training": LOCAL_TIER},
+             error="gemma-tpu:cluster.multiTierCheckpointing: GKE's multi-tier checkpointing replicates each host's checkpoint "
+                   "to the same host of another slice, and its sources assume a job of two or more slices (node pools); this "
+                   "stack has one (gemma-tpu:tpu.slices): remove multiTierCheckpointing and keep "
+                   "gemma-tpu:training.localCheckpointInterval (the tier in host memory, docs/stacks.md)"),
+    BadStack(case="multi-tier checkpointing without a local tier",
+             config={"gemma-tpu:cluster": {"multiTierCheckpointing": MULTI_TIER}, "gemma-tpu:tpu": MULTISLICE},
+             error="gemma-tpu:cluster.multiTierCheckpointing: no run has a local checkpoint tier to put on its volume; set "
+                   "gemma-tpu:training.localCheckpointInterval (auto or steps), or remove the key"),
+    BadStack(case="a multi-tier RAM disk larger than the host's memory",
+             config={"gemma-tpu:cluster": {"multiTierCheckpointing": MULTI_TIER},
+                     "gemma-tpu:tpu": {"accelerator": "v5e", **MULTISLICE},
+                     "gemma-tpu:training": {"model": "gemma3-12b", "batchSize": 8, **LOCAL_TIER}},
+             error="gemma-tpu:cluster.multiTierCheckpointing: the node's RAM disk for the local checkpoint tier needs 264.7 GiB "
+                   "of host memory on each ct5lp-hightpu-4t host (3 copies of its 65.7 GiB share of the gemma3-12b float32 "
+                   "state, 1 GiB margin, and the copy a save writes from), over the 160 GiB the trainer has there; set "
+                   "precision: lean (its tier needs 132.9 GiB) or loraRank, or remove localCheckpointInterval (the persistent "
+                   "tier alone)"),
     BadStack(case="a multislice run through queued provisioning",
              config={"gemma-tpu:tpu": {**MULTISLICE, "capacity": "flex-start"}, "gemma-tpu:queue": QUEUED,
                      "gemma-tpu:runs": [{"name": "small", "slices": 1}, {"name": "big"}]},

@@ -8,7 +8,7 @@ import pytest
 from infra.config.stack_files import shipped_stacks
 from infra.queueing.jobset import JOBSET_VERSION
 from infra.pricing import PRICE_PER_CHIP_HOUR_USD
-from infra.preview import PLACEHOLDER_DNS_ENDPOINT, preview
+from infra.preview import PLACEHOLDER_DNS_ENDPOINT, PLACEHOLDER_PROJECT_NUMBER, preview
 from tests.infra.conftest import PROJECT_ID, SHIPPED_STACKS, STANDARD_STACKS, of_type, one, previewed, stack_values
 from tests.infra.test_serving import SERVING_RESOURCES, serving_accounts, serving_grants
 
@@ -79,7 +79,10 @@ NODE_POOLS = {"dev": 2, "multihost": 2, "multislice": 3, "autopilot": 0, "queued
 JOB, JOBSET = "kubernetes:batch/v1:Job", "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
 # Data preparation is a Job; training a Job on one host, a JobSet on several.
 RUN_OBJECTS = {
-    "dev": {JOB: 2}, "multihost": {JOB: 1, JOBSET: 1}, "multislice": {JOB: 1, JOBSET: 1}, "autopilot": {JOB: 2},
+    "dev": {JOB: 2}, "multihost": {JOB: 1, JOBSET: 1}, "autopilot": {JOB: 2},
+    # GKE's multi-tier checkpointing: its backup bucket, the node replicator's role on it, the CheckpointConfiguration.
+    "multislice": {JOB: 1, JOBSET: 1, "gemma-tpu:infra:MultiTierCheckpointing": 1, BUCKET: 3,
+                   "gcp:storage/bucketIAMMember:BucketIAMMember": 4, "kubernetes:checkpointing.gke.io/v1:CheckpointConfiguration": 1},
     # Three runs of two datasets behind Kueue (its release and the group of the stack's queue objects).
     "queued": {JOB: 2, JOBSET: 3, "gemma-tpu:workloads:TrainingRun": 3, "gemma-tpu:workloads:DataPreparation": 2,
                "gemma-tpu:infra:KueueQueue": 1, "kubernetes:yaml/v2:ConfigFile": 2, "kubernetes:yaml/v2:ConfigGroup": 1},
@@ -154,6 +157,23 @@ def test_standard_cluster(stack):
     assert cpu["autoscaling"]["minNodeCount"] >= 1  # controllers always have a home
 
 
+@pytest.mark.parametrize("stack", STANDARD_STACKS)
+def test_multi_tier_checkpointing_is_the_addon_its_bucket_and_the_pools_configuration_where_a_stack_turns_it_on(stack):
+    resources = previewed(stack).resources
+    addon = one(resources, CLUSTER).inputs["addonsConfig"].get("highScaleCheckpointingConfig")
+    configurations = of_type(resources, "kubernetes:checkpointing.gke.io/v1:CheckpointConfiguration")
+    if stack not in MULTI_TIER_STACKS:
+        assert addon is None and configurations == []
+        return
+    assert addon == {"enabled": True}
+    bucket = one(resources, BUCKET, "multi-tier-bucket").inputs
+    assert bucket["hierarchicalNamespace"] == {"enabled": True}  # the replicator needs atomic folder renames
+    (configuration,) = configurations
+    assert configuration.inputs["spec"]["cloudStorageBucketName"] == bucket["name"]
+    # Applied once the cluster (whose addon brings the CRD) is there.
+    assert f"gemma-{stack}" in configuration.depends_on and "replicator-backup-access" in configuration.depends_on
+
+
 def test_autopilot_cluster():
     resources = previewed("autopilot").resources
     cluster = one(resources, CLUSTER).inputs
@@ -167,7 +187,8 @@ def test_autopilot_cluster():
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
 def test_buckets_are_private(stack):
     buckets = {b.inputs["name"]: b.inputs for b in of_type(previewed(stack).resources, BUCKET)}
-    assert set(buckets) == {f"{PROJECT_ID}-{stack}-data", f"{PROJECT_ID}-{stack}-artifacts"}
+    assert set(buckets) == {f"{PROJECT_ID}-{stack}-data", f"{PROJECT_ID}-{stack}-artifacts",
+                            *([f"{PROJECT_ID}-{stack}-mtc"] if stack in MULTI_TIER_STACKS else [])}
     for bucket in buckets.values():
         assert bucket["uniformBucketLevelAccess"] is True
         assert bucket["publicAccessPrevention"] == "enforced"
@@ -185,12 +206,24 @@ def iam_grants(stack: str) -> set[tuple[str, str, str]]:
     return grants
 
 
+MULTI_TIER_STACKS = ("multislice",)
+
+
+def multi_tier_grants(stack: str) -> set[tuple[str, str, str]]:
+    """GKE's multi-tier checkpointing: its node replicator's Kubernetes account writes the backup bucket."""
+    if stack not in MULTI_TIER_STACKS:
+        return set()
+    replicator = (f"principal://iam.googleapis.com/projects/{PLACEHOLDER_PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+                  f"{PROJECT_ID}.svc.id.goog/subject/ns/gke-managed-checkpointing/sa/gke-checkpointing-multitier-node")
+    return {(f"{PROJECT_ID}-{stack}-mtc", "roles/storage.objectUser", replicator)}
+
+
 @pytest.mark.parametrize("stack", SHIPPED_STACKS)
 def test_iam_grants_are_exactly_these(stack):
     nodes, training = f"serviceAccount:{nodes_email(stack)}", f"serviceAccount:{training_email(stack)}"
     preparation = f"serviceAccount:{preparation_email(stack)}"
     project = f"project {PROJECT_ID}"
-    assert iam_grants(stack) == serving_grants(stack) | {
+    assert iam_grants(stack) == serving_grants(stack) | multi_tier_grants(stack) | {
         (project, "roles/container.defaultNodeServiceAccount", nodes),
         (f"gemma-{stack}", "roles/artifactregistry.reader", nodes),
         (f"{PROJECT_ID}-{stack}-data", "roles/storage.objectViewer", training),

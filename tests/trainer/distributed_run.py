@@ -5,8 +5,9 @@ and writes to RECORD.json what that process saw: the job's devices, the mesh (wh
 each device) and the rows of every batch it fed to the train step. It exits with the trainer's code.
 
 With KILL_AFTER_LOCAL_STEP=S in its environment, process KILL_PROCESS (default 1) SIGKILLs itself the
-moment its local checkpoint of step S is complete (trainer.run.local_checkpoints): a crash at a known
-point, after a local save, whatever the processes' relative speeds.
+moment its local checkpoint of step S is complete (trainer.run.local_checkpoints, or on the multi-tier
+volume: trainer.multitier.replicated): a crash at a known point, after a local save, whatever the
+processes' relative speeds.
 """
 
 import json
@@ -16,9 +17,29 @@ import signal
 import sys
 
 import jax
+from jax._src import clusters
 
 from trainer import __main__ as cli
+from trainer.multitier import replicated
 from trainer.run import local_checkpoints, mesh
+
+
+class StandInCluster(clusters.ClusterEnv):
+    """The process count that JAX's cluster detection reads on a GKE TPU slice (TPU_WORKER_HOSTNAMES), for
+    processes that join through the multi-tier stand-in's jax-init-info.txt (tests/trainer/replicator_stand_in.py),
+    which names only their id and coordinator: STAND_IN_PROCESSES in the environment."""
+
+    @classmethod
+    def is_env_present(cls) -> bool:
+        return "STAND_IN_PROCESSES" in os.environ
+
+    @classmethod
+    def get_process_count(cls) -> int:
+        return int(os.environ["STAND_IN_PROCESSES"])
+
+    @classmethod
+    def get_local_process_id(cls) -> int | None:
+        return None
 
 
 def main(record_path: str, trainer_args: list[str]) -> int:
@@ -44,15 +65,21 @@ def main(record_path: str, trainer_args: list[str]) -> int:
     mesh.build_mesh, mesh.global_batch = recording_build_mesh, recording_global_batch
     kill_after = os.environ.get("KILL_AFTER_LOCAL_STEP")
     if kill_after:
-        write = local_checkpoints.LocalCheckpoints._write
+        def die_after(saved, *, background: bool):
+            """`saved(self, step, ...)`, then the kill once that step is complete on this host (after
+            waiting for the write where `saved` leaves it to the background)."""
+            def saved_then_die(self, step, *args):
+                result = saved(self, step, *args)
+                if step == int(kill_after) and jax.process_index() == int(os.environ.get("KILL_PROCESS", "1")):
+                    if background:
+                        self.wait()
+                    pathlib.Path(record_path).write_text(json.dumps(record))
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return result
+            return saved_then_die
 
-        def write_then_die(self, step, *args):
-            write(self, step, *args)
-            if step == int(kill_after) and jax.process_index() == int(os.environ.get("KILL_PROCESS", "1")):
-                pathlib.Path(record_path).write_text(json.dumps(record))
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        local_checkpoints.LocalCheckpoints._write = write_then_die
+        local_checkpoints.LocalCheckpoints._write = die_after(local_checkpoints.LocalCheckpoints._write, background=False)
+        replicated.ReplicatedCheckpoints.save = die_after(replicated.ReplicatedCheckpoints.save, background=True)
     try:
         return cli.main(trainer_args)
     finally:

@@ -69,9 +69,11 @@ def _free_port() -> int:
 
 
 class Job:
-    """`processes` local trainer processes forming one JAX job, DEVICES CPU devices in all."""
+    """`processes` local trainer processes forming one JAX job, DEVICES CPU devices in all. "{process}" in
+    an argument is each process's index; `join=False`: no coordinator flags (the processes find the job
+    through the multi-tier volume's jax-init-info.txt)."""
 
-    def __init__(self, workdir, processes: int, trainer_args: list[str], *, cache_dir, env=None):
+    def __init__(self, workdir, processes: int, trainer_args: list[str], *, cache_dir, env=None, join=True):
         self.workdir = pathlib.Path(workdir)
         port = _free_port()
         environment = {
@@ -87,8 +89,9 @@ class Job:
         self.processes = []
         for index, record in enumerate(self.record_paths):
             distributed = ["--coordinator-address", f"localhost:{port}", "--num-processes", str(processes),
-                           "--process-id", str(index)] if processes > 1 else []  # fmt: skip
-            command = [sys.executable, "-m", "tests.trainer.distributed_run", str(record), *trainer_args, *distributed]
+                           "--process-id", str(index)] if processes > 1 and join else []  # fmt: skip
+            own_args = [arg.replace("{process}", str(index)) for arg in trainer_args]
+            command = [sys.executable, "-m", "tests.trainer.distributed_run", str(record), *own_args, *distributed]
             with self.stdout_path.open("w") if index == 0 else open(os.devnull, "w") as stdout:
                 self.processes.append(subprocess.Popen(command, cwd=REPO, env=environment, text=True,
                                                        stdout=stdout, stderr=subprocess.PIPE))  # fmt: skip
@@ -126,11 +129,11 @@ def launch(runs_dir, initial_weights, prepared_dir, tokenizer_path):
     """launch(name, processes, *flags, env=None) -> Job: STEPS steps from the initial weights."""
     weights, _ = initial_weights
 
-    def start(name, processes, *flags, env=None) -> Job:
+    def start(name, processes, *flags, env=None, join=True) -> Job:
         args = tiny_args(runs_dir / name, prepared_dir, tokenizer_path, "--weights", weights, "--steps", str(STEPS),
                          "--lr", "3e-3", "--eval-fraction", "0", "--no-samples", "--log-interval", "1",
                          "--checkpoint-interval", "1000", "--compute-dtype", "float32", *flags)  # fmt: skip
-        return Job(runs_dir / name, processes, args, cache_dir=runs_dir / "jax_cache", env=env)
+        return Job(runs_dir / name, processes, args, cache_dir=runs_dir / "jax_cache", env=env, join=join)
 
     return start
 
@@ -244,18 +247,23 @@ def _kill_after_a_local_save(launch, runs_dir: pathlib.Path, name: str) -> tuple
     once its own save of that step is complete. (the local tier, the last step process 0 reported)."""
     job = launch(name, 2, *_local_args(runs_dir / name), env={"KILL_AFTER_LOCAL_STEP": str(KILLED_AFTER)})
     local = job.workdir.with_name(f"{name}.local")
+    return local, _kill_when(job, lambda: (local / "process-0" / str(KILLED_AFTER) / "meta.json").exists())
+
+
+def _kill_when(job: Job, process_0_saved) -> int:
+    """Waits for process 1 to kill itself (KILL_AFTER_LOCAL_STEP), then SIGKILLs process 0 once
+    `process_0_saved()`; the last step process 0 reported."""
     try:
         assert job.processes[1].wait(timeout=RUN_TIMEOUT_S) == -signal.SIGKILL, job.processes[1].stderr.read()[-3000:]
         deadline = time.monotonic() + 60
-        while not (local / "process-0" / str(KILLED_AFTER) / "meta.json").exists():
+        while not process_0_saved():
             assert time.monotonic() < deadline and job.processes[0].poll() is None, "process 0 saved no local step"
             time.sleep(0.05)
     finally:
         for process in job.processes:
             process.kill()
             process.wait()
-    reached = max(record["step"] for record in read_metrics(job.workdir / "metrics.jsonl") if "loss" in record)
-    return local, reached
+    return max(record["step"] for record in read_metrics(job.workdir / "metrics.jsonl") if "loss" in record)
 
 
 def _assert_every_step_trained_like_the_straight_run(run: Run, reference: Run, *, resumed_from: int) -> None:
@@ -298,10 +306,88 @@ def test_a_process_whose_local_tier_is_gone_makes_the_job_resume_from_the_persis
     shutil.rmtree(local / "process-1")  # a replaced host: no peer-to-peer copy, the step is incomplete
 
     resumed = launch("local_lost", 2, *_local_args(runs_dir / "local_lost")).wait()
+    _assert_resumed_from_the_persistent_tier_like_the_straight_run(resumed, two_processes, persistent)
+    assert_accounts_for_the_wall_time(resumed.workdir, attempts=2)
+
+
+def _assert_resumed_from_the_persistent_tier_like_the_straight_run(resumed: Run, reference: Run, persistent: list[int]) -> None:
+    """The relaunch resumed from the persistent tier's step (or, where the kill cut that save short, from the
+    start), and trained every step like the straight run."""
     if persistent:
-        assert f"resuming from the checkpoint of step {PERSISTENT_INTERVAL} in {runs_dir / 'local_lost' / 'checkpoints'} " \
+        assert f"resuming from the checkpoint of step {PERSISTENT_INTERVAL} in {resumed.workdir / 'checkpoints'} " \
                "(persistent tier)" in resumed.stdout, resumed.stdout
     else:
         assert "resuming" not in resumed.stdout, resumed.stdout
-    _assert_every_step_trained_like_the_straight_run(resumed, two_processes, resumed_from=persistent[-1] if persistent else 0)
-    assert_accounts_for_the_wall_time(resumed.workdir, attempts=2)
+    _assert_every_step_trained_like_the_straight_run(resumed, reference, resumed_from=persistent[-1] if persistent else 0)
+
+
+# GKE's multi-tier checkpointing (trainer.multitier.replicated) on the replicator stand-in
+# (tests/trainer/replicator_stand_in.py): each process's --local-checkpoint-dir is its node's volume,
+# VOLUMES/node-<i>, which outlives the processes; one start of the stand-in serves one attempt.
+MULTI_TIER_JOB = "mtc-test"
+
+
+class _StandIn:
+    """The node side for one attempt: started before the trainer's processes, stopped after them."""
+
+    def __init__(self, volumes: pathlib.Path):
+        self.log = volumes.with_name(f"{volumes.name}.stand-in.log")
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "tests.trainer.replicator_stand_in", str(volumes), "2"],
+                                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+    def stop(self) -> str:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        return self.log.read_text()
+
+
+def _multi_tier(launch, runs_dir: pathlib.Path, name: str, *, kill_after: int | None = None) -> tuple[Job, _StandIn]:
+    volumes = runs_dir / f"{name}.volumes"
+    stand_in = _StandIn(volumes)
+    env = {"JOBSET_NAME": MULTI_TIER_JOB, "STAND_IN_PROCESSES": "2", **({"KILL_AFTER_LOCAL_STEP": str(kill_after)} if kill_after else {})}
+    job = launch(name, 2, "--mesh", FSDP_MESH, "--local-checkpoint-dir", str(volumes / "node-{process}"),
+                 "--multi-tier-backup-minutes", "30", "--local-checkpoint-interval", str(LOCAL_INTERVAL),
+                 "--checkpoint-interval", str(PERSISTENT_INTERVAL), env=env, join=False)
+    return job, stand_in
+
+
+def _kill_after_a_multi_tier_save(launch, runs_dir: pathlib.Path, name: str) -> pathlib.Path:
+    """Both processes SIGKILLed (a pod recreation) after their save of KILLED_AFTER reached the stand-in."""
+    job, stand_in = _multi_tier(launch, runs_dir, name, kill_after=KILLED_AFTER)
+    volumes = runs_dir / f"{name}.volumes"
+    stored = lambda node: (volumes / f"node-{node}" / f"{MULTI_TIER_JOB}-s{KILLED_AFTER}-n{node}-w0.meta").exists()  # noqa: E731
+    try:
+        _kill_when(job, lambda: stored(0) and stored(1))
+    finally:
+        log = stand_in.stop()
+    assert f"node 1: stored step {KILLED_AFTER}" in log, log
+    return volumes
+
+
+def test_multi_tier_a_pod_recreation_resumes_from_the_step_the_replicator_restores(two_processes, launch, runs_dir):
+    volumes = _kill_after_a_multi_tier_save(launch, runs_dir, "multi_tier_killed")
+    job, stand_in = _multi_tier(launch, runs_dir, "multi_tier_killed")
+    try:
+        resumed = job.wait()
+    finally:
+        log = stand_in.stop()
+    assert f"node 0: restore step {KILLED_AFTER}" in log and f"node 1: restore step {KILLED_AFTER}" in log, log
+    assert f"resuming from the checkpoint of step {KILLED_AFTER} in {volumes / 'node-0'} (local tier)" in resumed.stdout, resumed.stderr
+    _assert_every_step_trained_like_the_straight_run(resumed, two_processes, resumed_from=KILLED_AFTER)
+
+
+def test_multi_tier_a_lost_volume_resumes_from_the_persistent_tier(two_processes, launch, runs_dir):
+    volumes = _kill_after_a_multi_tier_save(launch, runs_dir, "multi_tier_lost")
+    persistent = _checkpointed_steps(runs_dir / "multi_tier_lost")
+    assert persistent in ([], [PERSISTENT_INTERVAL])  # the kill may have cut Orbax's save of step 7 short
+    shutil.rmtree(volumes / "node-1")  # a replaced node: its RAM disk is gone, and the stand-in copies from no peer
+
+    job, stand_in = _multi_tier(launch, runs_dir, "multi_tier_lost")
+    try:
+        resumed = job.wait()
+    finally:
+        log = stand_in.stop()
+    assert "node 1: nothing to restore" in log, log
+    _assert_resumed_from_the_persistent_tier_like_the_straight_run(resumed, two_processes, persistent)

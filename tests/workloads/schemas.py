@@ -71,6 +71,41 @@ def validate_jobset(obj: dict[str, Any], validator: jsonschema.Draft7Validator) 
     validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})
 
 
+CHECKPOINT_CONFIGURATION_CRD = "checkpointing.gke.io_checkpointconfigurations.yaml"
+# A Kubernetes quantity (apimachinery resource.ParseQuantity), which GKE's controller parses inMemoryVolumeSize as.
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+
+
+def checkpoint_configuration_validator() -> tuple[str, jsonschema.Draft7Validator]:
+    """(apiVersion, validator of the rest) from the open-source CRD of GKE's HighScaleCheckpointing backend
+    (GoogleCloudPlatform/high-scale-checkpointing-controller crd/checkpointconfiguration.yaml); the copy a
+    GKE cluster installs may differ (../shared/schemas/SOURCES.md)."""
+    path = schemas_dir() / CHECKPOINT_CONFIGURATION_CRD
+    if not path.is_file():
+        pytest.skip(f"{path} not found: set {SCHEMAS_ENV} to a folder holding {CHECKPOINT_CONFIGURATION_CRD}, the CRD "
+                    "crd/checkpointconfiguration.yaml of GoogleCloudPlatform/high-scale-checkpointing-controller (on a cluster "
+                    "with the addon: kubectl get crd checkpointconfigurations.checkpointing.gke.io -o yaml)")
+    crd = yaml.safe_load(path.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("served")]
+    return f"{crd['spec']['group']}/{version['name']}", jsonschema.Draft7Validator(strict_schema(version["schema"]["openAPIV3Schema"]))
+
+
+def checkpoint_configuration_errors(obj: dict[str, Any], api_version: str, validator: jsonschema.Draft7Validator) -> list[str]:
+    """What the API server (the CRD's schema, its cluster scope) and GKE's controller (a bare bucket name,
+    a quantity) would refuse. The schema leaves out apiVersion, kind and metadata, which every object has."""
+    errors = [error.message for error in validator.iter_errors({k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")})]
+    spec = obj.get("spec") or {}
+    if obj.get("apiVersion") != api_version or obj.get("kind") != "CheckpointConfiguration":
+        errors.append(f"{obj.get('apiVersion')} {obj.get('kind')} is not {api_version} CheckpointConfiguration")
+    if "namespace" in obj.get("metadata", {}):
+        errors.append("metadata.namespace: the kind is cluster-scoped")
+    if not spec.get("cloudStorageBucketName") or "/" in str(spec.get("cloudStorageBucketName")):
+        errors.append("spec.cloudStorageBucketName: the bare bucket name is required (not gs://...)")
+    if not _QUANTITY.match(str(spec.get("inMemoryVolumeSize", ""))):
+        errors.append(f"spec.inMemoryVolumeSize: {spec.get('inMemoryVolumeSize')!r} is not a quantity such as 64Gi")
+    return errors
+
+
 KUEUE_RELEASE = "v0.19.2"
 KUEUE_GROUP = "kueue.x-k8s.io"
 # The storage version of every Kueue CRD since v0.15; v1beta1 is still served there, deprecated.

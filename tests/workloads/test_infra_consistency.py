@@ -5,6 +5,7 @@ the topology or slice count of a stack changes."""
 import pytest
 
 from infra.catalog import tpu
+from infra.cloud.checkpointing import INSTANCE_TYPE_LABEL, checkpoint_configurations
 from infra.config import parse_stack_config
 from infra.config.serving import SERVING_POOL
 from infra.preview import preview
@@ -64,8 +65,15 @@ def _check_consistent(values, stack):
     assert manifests.namespace(spec) == namespace
     serving_accounts = [obj for obj in stack_serving_objects(config, run_specs(config, image=IMAGE), None) if obj["kind"] == "ServiceAccount"]
     assert _by_name(manifests.service_accounts(spec) + serving_accounts) == _by_name(accounts)
+    # GKE's multi-tier checkpointing: infra applies the CheckpointConfiguration the render shows, its bucket
+    # exists, and it serves the nodes of the pools the pods run on.
+    configurations = checkpoint_configurations(config)
+    assert _inputs_by_type(resources, "kubernetes:checkpointing.gke.io/v1:CheckpointConfiguration") == configurations
+    for configuration in configurations:
+        assert configuration["spec"]["nodeSelector"].items() <= selector.items()
+        assert {pool["nodeConfig"]["machineType"] for pool in pools} == {configuration["spec"]["nodeSelector"][INSTANCE_TYPE_LABEL]}
     buckets = {b["name"] for b in _inputs_by_type(resources, "gcp:storage/bucket:Bucket")}
-    assert {spec.data_bucket, spec.artifacts_bucket} == buckets
+    assert {spec.data_bucket, spec.artifacts_bucket, *(c["spec"]["cloudStorageBucketName"] for c in configurations)} == buckets
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -15,6 +15,7 @@ from trainer.run import tpu_flags
 from trainer.data import prepare
 from trainer.config import parse_config
 from workloads import manifests, preparation
+from workloads.__main__ import stack_objects
 from trainer.contract import PREPARED_MARKER_FILE
 from workloads.spec import ARTIFACTS_MOUNT
 
@@ -34,7 +35,10 @@ def test_run_size_and_placement_follow_the_catalog(stack):
     trainer = container(pod, manifests.TRAINER_CONTAINER)
     assert trainer["resources"]["limits"]["google.com/tpu"] == str(catalog.chips_per_host)
     assert trainer["resources"]["requests"] == trainer["resources"]["limits"]
-    assert pod["spec"]["nodeSelector"] == catalog.node_selector  # shipped stacks are on-demand
+    # Shipped stacks are on-demand; with multi-tier checkpointing the pods also select the machine type its
+    # CheckpointConfiguration serves.
+    machine = {"node.kubernetes.io/instance-type": catalog.machine_type} if config.multi_tier else {}
+    assert pod["spec"]["nodeSelector"] == catalog.node_selector | machine
     slices = config.runs[0].slices  # the stack's slices, unless a run of gemma-tpu:runs takes fewer
     if catalog.hosts * slices == 1:
         assert run["kind"] == "Job" and "parallelism" not in run["spec"]
@@ -76,7 +80,7 @@ def test_capacity_adds_its_selector(tpu_changes, selector):
 def test_reserved_pods_select_the_reservations_node_pools(stack, reservation):
     """A node pool bound to a reservation carries no reservation label (GKE sets
     cloud.google.com/reservation-name on auto-provisioned and Autopilot nodes only)."""
-    config = edited_config(stack, tpu={"capacity": "reservation", "reservation": reservation})
+    config = edited_config(stack, tpu={"capacity": "reservation", "reservation": reservation}, cluster={"multiTierCheckpointing": None})
     pod = training_pod(manifests.training(spec_of(config)))
     assert pod["spec"]["nodeSelector"] == config.slice.node_selector
     (term,) = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -173,7 +177,7 @@ def test_training_waits_for_the_prepared_data_it_reads(stack):
     assert trainer_args[trainer_args.index("--data") + 1] == output
     # Both see the same bucket at the same path.
     buckets = [
-        {v["name"]: v["csi"]["volumeAttributes"]["bucketName"] for v in p["spec"]["volumes"] if "csi" in v}["data"]
+        {v["name"]: v["csi"]["volumeAttributes"]["bucketName"] for v in p["spec"]["volumes"] if _fuse(v)}["data"]
         for p in (prep["spec"]["template"], pod)
     ]
     assert buckets == [spec.data_bucket] * 2
@@ -323,10 +327,15 @@ def test_run_name_changes_with_the_training_config_or_image_and_only_then():
     assert spec_of(edited_config("multihost", training={"learningRate": 1e-4})).prepared_dir == base.prepared_dir
 
 
+def _fuse(volume) -> bool:
+    """A GCS FUSE volume (not the multi-tier checkpointing one, which takes no attributes)."""
+    return volume.get("csi", {}).get("driver") == "gcsfuse.csi.storage.gke.io"
+
+
 def _check_pod_security(pod, *, root: bool) -> None:
     security = pod["spec"]["securityContext"]
     assert (security["runAsNonRoot"], security["runAsUser"] == 0) == (not root, root)
-    for volume in (v for v in pod["spec"]["volumes"] if "csi" in v):  # the user owns the FUSE mounts
+    for volume in (v for v in pod["spec"]["volumes"] if _fuse(v)):  # the user owns the FUSE mounts
         options = volume["csi"]["volumeAttributes"]["mountOptions"].split(",")
         assert {f"uid={security['runAsUser']}", f"gid={security['runAsGroup']}"} <= set(options)
     for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
@@ -382,8 +391,10 @@ def test_the_local_tier_is_a_bounded_memory_volume_of_a_supervised_trainer(stack
     from trainer.measure import flops
     from trainer.gemma3.config import MODELS
 
-    config = edited_config(stack, training={"localCheckpointInterval": "auto"})
-    spec, unset = spec_of(config), spec_of(edited_config(stack, training={"localCheckpointInterval": None}))
+    # In host memory: the multi-tier volume is the test below's.
+    config = edited_config(stack, training={"localCheckpointInterval": "auto"}, cluster={"multiTierCheckpointing": None})
+    spec, unset = spec_of(config), spec_of(edited_config(stack, training={"localCheckpointInterval": None},
+                                                         cluster={"multiTierCheckpointing": None}))
     pod = training_pod(manifests.training(spec))
     trainer = container(pod, "trainer")
     # Three steps (2 kept, 1 being written) of this host's share: float32 weights and AdamW moments, 12
@@ -404,3 +415,31 @@ def test_the_local_tier_is_a_bounded_memory_volume_of_a_supervised_trainer(stack
     plain = container(training_pod(manifests.training(unset)), "trainer")
     assert "--local-checkpoint-dir" not in plain["args"] and "trainer.supervise" not in plain["command"][2]
     assert unset.name != spec.name
+
+
+def test_multi_tier_checkpointing_puts_the_local_tier_on_the_nodes_volume_in_the_jobset_shape_gke_reads():
+    """What GKE's rank server and CSI driver need of the JobSet (../shared/mtc/pod-spec.md), and the trainer's
+    flags for it; the CheckpointConfiguration sized by the local tier, on the nodes the pods select."""
+    config = stack_config("multislice")
+    spec = spec_of(config)
+    jobset = manifests.training(spec)
+    (replicated,) = jobset["spec"]["replicatedJobs"]  # exactly one, or the rank server skips the JobSet
+    assert replicated["replicas"] == config.tpu.slices == 2
+    assert replicated["template"]["spec"]["parallelism"] == config.slice.hosts == 2
+    assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    pod = training_pod(jobset)
+    trainer = container(pod, "trainer")
+    assert {"name": "local-checkpoints", "csi": {"driver": "multitier-checkpoint.csi.storage.gke.io"}} in pod["spec"]["volumes"]
+    parsed = parse_config(trainer["args"])
+    mount = {m["name"]: m["mountPath"] for m in trainer["volumeMounts"]}["local-checkpoints"]
+    assert (parsed.local_checkpoint_dir, parsed.multi_tier_backup_minutes) == (mount, 30)
+    assert {"name": "JOBSET_NAME", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"}}} in trainer["env"]
+    assert {"name": "jax-coordinator", "containerPort": 8476} in trainer["ports"]
+    (configuration,) = [obj for obj in stack_objects(config) if obj["kind"] == "CheckpointConfiguration"]
+    assert configuration["spec"]["nodeSelector"].items() <= pod["spec"]["nodeSelector"].items()
+    # The RAM disk is the local tier's size (infra.config.runs.local_tier_gib), and leaves the trainer's bound.
+    in_host_memory = spec_of(edited_config("multislice", cluster={"multiTierCheckpointing": None}))
+    assert configuration["spec"]["inMemoryVolumeSize"] == f"{in_host_memory.local_checkpoint_gib}Gi"
+    memory = int(trainer["resources"]["limits"]["memory"].removesuffix("Gi"))
+    assert memory + in_host_memory.local_checkpoint_gib == in_host_memory.trainer_memory_gib

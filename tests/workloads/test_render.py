@@ -6,6 +6,7 @@ import sys
 import pytest
 import yaml
 
+from infra.cloud.checkpointing import checkpoint_configurations
 from infra.queueing.queues import queue_objects
 from tests.workloads.conftest import REPO, STACKS, stack_config
 from trainer.contract import USER_ERROR
@@ -17,7 +18,8 @@ def test_render_multislice_writes_the_done_when_jobset(tmp_path, capsys):
     assert main(["render", "--stack", "multislice", "--out", str(tmp_path)]) == 0
     files = sorted(tmp_path.glob("*.yaml"))
     kinds = [yaml.safe_load(f.read_text())["kind"] for f in files]
-    assert kinds == ["Namespace", "ServiceAccount", "ServiceAccount", "Job", "JobSet"]
+    # The CheckpointConfiguration of GKE's multi-tier checkpointing (tests/workloads/test_schemas.py checks it with its CRD).
+    assert kinds == ["Namespace", "ServiceAccount", "ServiceAccount", "CheckpointConfiguration", "Job", "JobSet"]
     jobset = yaml.safe_load(files[-1].read_text())
     (replicated,) = jobset["spec"]["replicatedJobs"]
     pod = replicated["template"]["spec"]["template"]["spec"]
@@ -26,6 +28,7 @@ def test_render_multislice_writes_the_done_when_jobset(tmp_path, capsys):
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x4"
     assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
     assert pod["containers"][0]["image"] == IMAGE_PLACEHOLDER  # the digest exists only after the build
+    assert {"name": "local-checkpoints", "csi": {"driver": "multitier-checkpoint.csi.storage.gke.io"}} in pod["volumes"]
     assert "kubectl logs" in capsys.readouterr().out
 
 
@@ -38,9 +41,10 @@ def test_render_prints_plain_yaml_for_every_stack(stack, capsys):
     config = stack_config(stack)
     datasets = {run.training.dataset for run in config.runs}
     kinds = kinds[: len(kinds) - len(stack_serving_objects(config, render_specs(config), None))]  # last: tests/workloads/test_serving.py
-    # The namespace, 2 ServiceAccounts, the queue, a preparation per dataset and each run's training object.
+    # The namespace, 2 ServiceAccounts, multi-tier checkpointing's configuration, the queue, a preparation per
+    # dataset and each run's training object.
     assert kinds[:3] == ["Namespace", "ServiceAccount", "ServiceAccount"]
-    assert len(kinds) == 3 + len(queue_objects(config)) + len(datasets) + len(config.runs)
+    assert len(kinds) == 3 + len(checkpoint_configurations(config)) + len(queue_objects(config)) + len(datasets) + len(config.runs)
     assert kinds[-len(config.runs):] == ["Job" if run.slices * config.slice.hosts == 1 else "JobSet" for run in config.runs]
 
 

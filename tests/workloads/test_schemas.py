@@ -9,6 +9,8 @@ from tests.workloads.admission_serving import validate_pod_monitoring
 from tests.workloads.conftest import STACKS, edited_config, spec_of, stack_config
 from tests.workloads.schemas import (
     KUEUE_GROUP,
+    checkpoint_configuration_errors,
+    checkpoint_configuration_validator,
     jobset_validator,
     kueue_reference_errors,
     kueue_rule_errors,
@@ -27,6 +29,11 @@ def jobset_schema():
 
 
 @pytest.fixture(scope="module")
+def checkpoint_configuration_schema():
+    return checkpoint_configuration_validator()  # skips without the CRD
+
+
+@pytest.fixture(scope="module")
 def kueue_schemas():
     return kueue_validators()
 
@@ -40,6 +47,8 @@ def validate(obj, request):
         validate_jobset(obj, request.getfixturevalue("jobset_schema"))  # skips without the CRD
     elif _is_kueue(obj):
         validate_kueue(obj, request.getfixturevalue("kueue_schemas"))  # skips without Kueue's CRDs
+    elif obj["kind"] == "CheckpointConfiguration":  # gemma-tpu:cluster.multiTierCheckpointing's
+        assert checkpoint_configuration_errors(obj, *request.getfixturevalue("checkpoint_configuration_schema")) == []
     elif obj["kind"] == "PodMonitoring":  # gemma-tpu:serving's
         validate_pod_monitoring(obj)
     else:
@@ -155,3 +164,22 @@ def test_jobset_validation_checks_types_and_int_or_string(jobset_schema):
     container = int_or_string["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     container["resources"]["limits"]["google.com/tpu"] = 4  # a quantity may be a number or a string
     validate_jobset(int_or_string, jobset_schema)
+
+
+def _checkpoint_configuration(stack: str) -> dict:
+    (obj,) = [obj for obj in stack_objects(stack_config(stack)) if obj["kind"] == "CheckpointConfiguration"]
+    return obj
+
+
+@pytest.mark.parametrize("break_it, found", [
+    (lambda spec: spec.update(mountOptions=["implicit-dirs"]), "Additional properties"),  # what xpk's template sets
+    (lambda spec: spec.update(inMemoryVolumeSize=6144), "is not of type 'string'"),
+    (lambda spec: spec.update(inMemoryVolumeSize="6 GiB"), "is not a quantity"),
+    (lambda spec: spec.update(cloudStorageBucketName="gs://my-project-multislice-mtc"), "bare bucket name"),
+    (lambda spec: spec["tolerations"][0].update(effect=1), "is not of type 'string'"),
+])
+def test_a_checkpoint_configuration_the_crd_or_gkes_controller_refuses_is_found(break_it, found, checkpoint_configuration_schema):
+    obj = copy.deepcopy(_checkpoint_configuration("multislice"))
+    assert checkpoint_configuration_errors(obj, *checkpoint_configuration_schema) == []
+    break_it(obj["spec"])
+    assert any(found in error for error in checkpoint_configuration_errors(obj, *checkpoint_configuration_schema))

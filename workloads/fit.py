@@ -93,13 +93,24 @@ def advice(report: dict) -> str:
             f"set gemma-tpu:training {', or '.join(changes)}")
 
 
+# A faster setting is named when the compiler's figures put it at least this much ahead (their bound is not the step's time).
+NAMED_SPEEDUP = 1.1
+
+
 def verdict(report: dict) -> str:
-    """One line for a run that fits: its bytes per chip against the limit, and what they cover."""
+    """One line for a run that fits: its bytes per chip against the limit, what they cover, and a faster
+    precision that fits where the compiler's figures say so."""
     needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
+    faster = ""
+    if report.get("faster_speedup", 0) >= NAMED_SPEEDUP:
+        faster = (f"; faster here: precision {report['faster_precision']}, remat {report['faster_remat']}: "
+                  f"~{report['faster_speedup']:.2f}x by the compiler's figures ({report['faster_compiled_bytes_per_chip'] / _GIB:.2f} "
+                  f"GiB per chip; set gemma-tpu:training precision: {report['faster_precision']}, docs/fit.md has its quality figures)")
     return (f"run {report['run']}: fits {report['accelerator']} {report['topology']} x {report['slices']}: {needed:.2f} of "
             f"{usable:.2f} GiB per chip ({usable - needed:.2f} free); that is all the run keeps on a chip: the training "
             "state, frozen weights and batch, the step's outputs, temporaries and code (samples and evaluation run "
-            "between steps, in what the step frees); the trainer checks the same against the device before its first step")
+            "between steps, in what the step frees); the trainer checks the same against the device before its first step"
+            + faster)
 
 
 _COLUMNS = (("run", "run", "{}"), ("slice", None, None), ("compiled GiB/chip", "compiled_bytes_per_chip", "{:.2f}"),

@@ -135,6 +135,22 @@ def test_a_run_that_fits_is_told_what_its_figure_covers():
     assert "\n" not in line
 
 
+@pytest.mark.parametrize("speedup, named", [(1.4, True), (1.05, False)])
+def test_a_run_that_fits_is_told_of_a_faster_precision_that_fits(speedup, named):
+    """The verdict names lean-factored where the compiler's figures put it at least 10% ahead (their bound is not
+    the step's time: less is noise), with the stack key that sets it."""
+    report = {"run": "sweep", "accelerator": "v6e", "topology": "2x4", "slices": 1, "fits": True,
+              "compiled_bytes_per_chip": int(20 * 2**30), "usable_hbm_bytes_per_chip": int(31.25 * 2**30),
+              "faster_precision": "lean-factored", "faster_remat": "dots", "faster_speedup": speedup,
+              "faster_compiled_bytes_per_chip": int(12.5 * 2**30)}
+    line = fit.verdict(report)
+    assert ("faster here" in line) is named and "\n" not in line
+    if named:
+        assert line.endswith("; faster here: precision lean-factored, remat dots: ~1.40x by the compiler's figures (12.50 GiB "
+                             "per chip; set gemma-tpu:training precision: lean-factored, docs/fit.md has its quality figures)")
+    assert "faster" not in fit.verdict({key: value for key, value in report.items() if not key.startswith("faster")})
+
+
 def test_fit_reads_nothing_of_the_weights(monkeypatch, tmp_path):
     """gemma-tpu:training.weights on gs:// (a Hugging Face directory or a checkpoint): fit compiles from --model's
     shapes, on a machine without Google Cloud credentials too, and asks the bucket nothing."""

@@ -272,6 +272,8 @@ class Fit:
     splits: tuple[Fit, ...] = ()  # with compare_splits: this one and the step compiled for each other FSDP group
     # The run's batch refused: the least --grad-accum-steps whose micro-batches fit (accumulation_that_fits), compiled.
     accumulation: tuple[int, CompiledStep] | None = None
+    # A float32 full fine-tune that fits: the same run with --precision lean-factored, compiled where it fits too.
+    leaner: CompiledStep | None = None
 
     def report(self) -> dict:
         result = self._figures()
@@ -297,6 +299,10 @@ class Fit:
         if self.accumulation is not None:
             steps, accumulated = self.accumulation
             result |= {"grad_accum_steps_that_fit": steps, "grad_accum_compiled_bytes_per_chip": accumulated.bytes_per_chip}
+        if self.leaner is not None and self.compiled is not None:
+            result |= {"faster_precision": LEAN_PRECISIONS[-1], "faster_remat": self.leaner.remat,
+                       "faster_speedup": self.compiled.bound()[0] / self.leaner.bound()[0],
+                       "faster_compiled_bytes_per_chip": self.leaner.bytes_per_chip}
         if self.lean is not None:
             precision, lean = self.lean
             result |= {"lean_precision": precision, "lean_fits": _fits(lean, self.usable_hbm), "lean_compiled_bytes_per_chip": _needed(lean)}
@@ -324,6 +330,7 @@ class Fit:
             "fits": compiled.bytes_per_chip <= self.usable_hbm,
             "headroom_gib": round((self.usable_hbm - compiled.bytes_per_chip) / _GIB, 2),
             "attention": compiled.attention, "remat": compiled.remat, "vocab_chunk": compiled.vocab_chunk,
+            "remat_speeds": [dataclasses.asdict(speed) for speed in compiled.remat_speeds],
             "l_by_l_tensor": compiled.l_by_l_tensor,
             "total_steps": compiled.total_steps, "step_fingerprint": compiled.fingerprint,
         }
@@ -404,12 +411,14 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
 
 
 def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True,
-        compare_splits: bool = False) -> Fit:
+        compare_splits: bool = False, compare_precision: bool = True) -> Fit:
     """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
     `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures). A
     full fine-tune in float32 that does not fit is compiled again with --precision lean, and where that does
     not fit either with lean-factored; the report says the last tried (`lean_precision`) and whether it fits
-    (`lean_fits`)."""
+    (`lean_fits`). With `compare_precision`, one that fits is compiled again with lean-factored, and the report has its bound's speed-up
+    (`faster_speedup`: the run's bound over lean-factored's) where that fits too; precision stays the user's
+    choice (lean's quality, docs/fit.md)."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = hbm.usable_hbm_bytes(devices)
     first = _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
@@ -423,15 +432,21 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
                                            why=f"the run's step with --precision {precision} (a larger state does not fit)")
             if _fits(lean[1], usable):
                 break
+    leaner = None
+    if compare_precision and _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
+        faster = _try_compile(dataclasses.replace(config, precision=LEAN_PRECISIONS[-1]), model_config, devices, num_slices,
+                              why=f"the run's step with --precision {LEAN_PRECISIONS[-1]} (is it faster?)")
+        leaner = faster if _fits(faster, usable) else None
     accumulation = None
     if not _fits(first, usable) and batch is not None and batch.batch:
         accumulation = accumulation_that_fits(config, model_config, devices, num_slices=num_slices, usable=usable, largest=batch)
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
               refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch, lean=lean,
-              accumulation=accumulation)
+              accumulation=accumulation, leaner=leaner)
     if not compare_splits:
         return own
-    others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False)
+    others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False,
+                  compare_precision=False)
               for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
     return dataclasses.replace(own, splits=(own, *others))
 

@@ -17,7 +17,8 @@ from trainer.measure import compiled, flops
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
 
 VOCAB = 512
-TINY = TrainConfig(model="tiny", weights="random", batch_size=8, seq_len=256, steps=10)
+# One policy, so that each test compiles its step once (test_remat_auto_takes_the_fastest_by_the_compilers_figures: auto).
+TINY = TrainConfig(model="tiny", weights="random", batch_size=8, seq_len=256, steps=10, remat="none")
 GIB = 2**30
 
 
@@ -54,6 +55,16 @@ def test_the_tiny_step_compiles_for_v6e_with_its_figures(tiny_step, model_config
     assert tiny_step.flops_loop_correction == 0  # 512 x 512 logits: no vocabulary loop
     assert 1.0 <= tiny_step.flops_per_chip / analytic <= 1.6
     assert tiny_step.bytes_accessed > tiny_step.arguments
+
+
+def test_remat_auto_takes_the_fastest_by_the_compilers_figures(model_config, v6e_2x2):
+    """--remat auto on TPU chips compares the policies that fit by their compiled bound and runs the fastest;
+    the tiny model's step is bound by its HBM bytes, so every policy is compiled and compared."""
+    auto = compiled.compile_train_step(dataclasses.replace(TINY, batch_size=4, seq_len=128, remat="auto"), model_config, v6e_2x2)
+    speeds = {speed.remat: speed for speed in auto.remat_speeds}
+    assert set(speeds) == {"none", "dots", "full"} and auto.remat_speeds[0].remat == auto.remat
+    assert auto.bound() == (speeds[auto.remat].seconds, speeds[auto.remat].bound_by)
+    assert speeds[auto.remat].seconds == min(speed.seconds for speed in speeds.values())
 
 
 def test_the_bytes_are_named_by_the_operations_they_come_from(tiny_step):
@@ -100,7 +111,7 @@ def test_splits_compile_every_fsdp_group_and_name_the_fastest_that_fits(model_co
     """`fit --splits`: the step compiled for FSDP over 4, 2 and 1 chips of the slice (data parallel over the
     rest); a smaller group holds more of the state per chip, and the collectives' ICI bytes are counted."""
     config = dataclasses.replace(TINY, mesh={"data": -1, "fsdp": 4})
-    report = compiled.fit(config, v6e_2x2, vocab_size=VOCAB, search_batch=False, compare_splits=True).report()
+    report = compiled.fit(config, v6e_2x2, vocab_size=VOCAB, search_batch=False, compare_splits=True, compare_precision=False).report()
     rows = report["splits"]
     assert [row["mesh"]["fsdp"] for row in rows] == [4, 2, 1]
     assert all(row["fits"] and row["ici_bytes_per_chip"] > 0 for row in rows)
@@ -189,7 +200,7 @@ def test_a_program_fits_when_the_whole_of_it_does(v6e_2x2):
 def _step_of(batch: int, remat: str, needed: int) -> compiled.CompiledStep:
     """A compiled step of which the batch search reads its memory and policies (its costs: 1 TFLOP, else 0)."""
     figures = {field.name: 0 for field in dataclasses.fields(compiled.CompiledStep)}
-    return compiled.CompiledStep(**{**figures, "device_kind": "TPU v6 lite", "chips": 8, "flops_reported": 1e12,
+    return compiled.CompiledStep(**{**figures, "device_kind": "TPU v6 lite", "chips": 8, "flops_reported": 1e12, "remat_speeds": (),
                                     "batch_size": batch, "attention": "splash",
                                     "remat": remat, "vocab_chunk": None, "bytes_per_chip": needed, "bytes_by_source": {},
                                     "fingerprint": None, "l_by_l_tensor": False})
@@ -243,7 +254,7 @@ def test_the_largest_batch_is_at_least_the_runs_own_on_the_tiny_model(monkeypatc
     largest batch is the run's own, not a line through none's and full's points (which mixes two policies)."""
     monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: 60_000_000)
     config = dataclasses.replace(TINY, seq_len=512)
-    report = compiled.fit(config, v6e_2x2, vocab_size=VOCAB).report()
+    report = compiled.fit(config, v6e_2x2, vocab_size=VOCAB, compare_precision=False).report()
     assert report["fits"] and report["remat"] == "none"
     assert report["largest_batch"] == 8 and report.get("largest_batch_remat") == "none"
 
@@ -280,6 +291,32 @@ def test_a_full_fine_tune_whose_float32_state_does_not_fit_is_compiled_again_lea
     for other in (dataclasses.replace(config, precision="lean"), dataclasses.replace(config, lora_rank=16)):
         compiles.clear()
         assert "lean_fits" not in compiled.fit(other, v6e_2x2, search_batch=False).report() and len(compiles) == 1
+
+
+def test_a_float32_run_that_fits_is_compared_with_lean_factored(monkeypatch, v6e_2x2):
+    """A float32 full fine-tune that fits is compiled again with lean-factored: the report has the speed-up of
+    the compiler's bound (FLOPs here: 1.4 against 1.0 TFLOP); nothing is compiled for a run already lean or LoRA."""
+    compiles, usable = [], {"bytes": 20 * GIB}
+
+    def precision_compile(config, model_config, devices, *, num_slices=1):
+        compiles.append(config.precision)
+        needed = {"float32": 16, "lean-factored": 6}.get(config.precision, 8) * GIB
+        if needed > usable["bytes"]:
+            raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, usable["bytes"])
+        flops = {"float32": 1.4e12, "lean-factored": 1.0e12}.get(config.precision, 1.2e12)
+        return dataclasses.replace(_step_of(config.batch_size, "dots", needed), flops_reported=flops)
+
+    monkeypatch.setattr(compiled, "compile_train_step", precision_compile)
+    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: usable["bytes"])
+    config = TrainConfig(model="gemma3-1b", weights="random", batch_size=8, seq_len=1024, steps=10)
+    report = compiled.fit(config, v6e_2x2, search_batch=False).report()
+    assert compiles == ["float32", "lean-factored"] and report["fits"]
+    assert (report["faster_precision"], report["faster_remat"], report["faster_compiled_bytes_per_chip"]) == (
+        "lean-factored", "dots", 6 * GIB)
+    assert report["faster_speedup"] == pytest.approx(1.4)
+    for other in (dataclasses.replace(config, precision="lean"), dataclasses.replace(config, lora_rank=16)):
+        compiles.clear()
+        assert "faster_speedup" not in compiled.fit(other, v6e_2x2, search_batch=False).report() and len(compiles) == 1
 
 
 def test_with_accumulation_the_step_costs_the_whole_batch_and_holds_a_micro_batch(tiny_step, model_config, v6e_2x2):

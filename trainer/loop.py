@@ -124,8 +124,12 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     # Compiled ahead of its first call, so that --remat and --vocab-chunk auto can try the next candidate
     # when one does not fit, and --remat auto can take the fastest that fits.
     with events.span("compile"):
-        run_step, lowered, compiled_train = compiled.compile_fastest(
-            run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
+        try:
+            run_step, lowered, compiled_train = compiled.compile_fastest(
+                run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
+        except hbm.MemoryRefusal as refused:
+            print(f"trainer: {refused}; compiling smaller settings to name those that fit", file=sys.stderr, flush=True)
+            raise UserError(f"{refused}; {compiled.settings_that_fit(config, model_config, list(device_mesh.devices.flat), refused)}") from None
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
     footprint = hbm.before_first_step(compiled_train, state, frozen)  # None where the device does not say

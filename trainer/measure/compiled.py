@@ -411,17 +411,18 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
 
 
 def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True,
-        compare_splits: bool = False, compare_precision: bool = True) -> Fit:
+        compare_splits: bool = False, compare_precision: bool = True, refused: hbm.MemoryRefusal | None = None) -> Fit:
     """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
     `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures). A
     full fine-tune in float32 that does not fit is compiled again with --precision lean, and where that does
     not fit either with lean-factored; the report says the last tried (`lean_precision`) and whether it fits
     (`lean_fits`). With `compare_precision`, one that fits is compiled again with lean-factored, and the report has its bound's speed-up
     (`faster_speedup`: the run's bound over lean-factored's) where that fits too; precision stays the user's
-    choice (lean's quality, docs/fit.md)."""
+    choice (lean's quality, docs/fit.md). `refused`: the compiler's refusal of the run's own step, already
+    known (the trainer's), which is then not compiled again."""
     model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
     usable = hbm.usable_hbm_bytes(devices)
-    first = _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
+    first = refused or _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
     batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else None
     lean = None
     if not _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
@@ -449,6 +450,22 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
                   compare_precision=False)
               for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
     return dataclasses.replace(own, splits=(own, *others))
+
+
+def settings_that_fit(config: TrainConfig, model_config, devices, refused: hbm.MemoryRefusal) -> str:
+    """For a run whose step the compiler refused on `devices`: the trainer flags fit's search finds that fit,
+    with their figures (a few compiles), as the end of its one line."""
+    report = fit(config, devices, vocab_size=model_config.num_embed, compare_precision=False, refused=refused).report()
+    found = []
+    if report.get("lean_fits"):
+        found.append(f"--precision {report['lean_precision']} ({report['lean_compiled_bytes_per_chip'] / _GIB:.2f} GiB per chip)")
+    if report.get("grad_accum_steps_that_fit"):
+        steps = report["grad_accum_steps_that_fit"]
+        found.append(f"--grad-accum-steps {steps} (the same batch as {steps} micro-batches, "
+                     f"{report['grad_accum_compiled_bytes_per_chip'] / _GIB:.2f} GiB per chip)")
+    if report["largest_batch"]:
+        found.append(f"--batch-size {report['largest_batch']} (the largest that fits, with --remat {report['largest_batch_remat']})")
+    return ("the compiler fits " + ", or ".join(found)) if found else "the compiler fits no smaller batch, lean precision or accumulation of this run here"
 
 
 def accumulation_that_fits(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,

@@ -319,6 +319,29 @@ def test_a_float32_run_that_fits_is_compared_with_lean_factored(monkeypatch, v6e
         assert "faster_speedup" not in compiled.fit(other, v6e_2x2, search_batch=False).report() and len(compiles) == 1
 
 
+def test_a_refused_trainer_run_is_told_the_settings_that_fit_with_their_figures(monkeypatch, v6e_2x2):
+    """The trainer's refused step (float32 gemma3-1b, batch 8 on 4 chips of 12 GiB: 14 GiB) gets fit's search as
+    flags: lean (9 GiB), 2 micro-batches (12 GiB), batch 4; the refusal it already has is not compiled again."""
+    compiles = []
+
+    def state_and_rows(config, model_config, devices, *, num_slices=1):
+        compiles.append((config.precision, config.batch_size, config.grad_accum_steps))
+        state = {"float32": 10, "lean": 5, "lean-factored": 4}[config.precision]
+        needed = int((state + 0.5 * config.batch_size // config.grad_accum_steps) * GIB)
+        if needed > 12 * GIB:
+            raise hbm.MemoryRefusal("arguments, outputs and temporaries", needed, 12 * GIB)
+        return _step_of(config.batch_size, "full", needed)
+
+    monkeypatch.setattr(compiled, "compile_train_step", state_and_rows)
+    monkeypatch.setattr(hbm, "usable_hbm_bytes", lambda devices: 12 * GIB)
+    config = TrainConfig(model="gemma3-1b", weights="random", batch_size=8, seq_len=1024, steps=10)
+    refused = hbm.MemoryRefusal("arguments, outputs and temporaries", 14 * GIB, 12 * GIB)
+    line = compiled.settings_that_fit(config, models.model_config("gemma3-1b", vocab_size=0), v6e_2x2, refused)
+    assert line == ("the compiler fits --precision lean (9.00 GiB per chip), or --grad-accum-steps 2 (the same batch as 2 "
+                    "micro-batches, 12.00 GiB per chip), or --batch-size 4 (the largest that fits, with --remat full)")
+    assert ("float32", 8, 1) not in compiles
+
+
 def test_with_accumulation_the_step_costs_the_whole_batch_and_holds_a_micro_batch(tiny_step, model_config, v6e_2x2):
     """--grad-accum-steps 2: the compiler counts one micro-batch of the loop; with the other added (the step less
     the optimizer's update, compiled alone) the step costs the one pass's FLOPs, and a chip holds the activations

@@ -21,6 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from trainer.nn import layers
 from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config
@@ -29,18 +30,19 @@ LORA = "lora"  # the scope of an adapter's factors, as gemma names it
 MASKED = -2.3819763e38  # a masked attention logit (gemma's value: its exp underflows in bfloat16 too)
 
 
-def lora_factors(equation: str, weight_shape: tuple[int, ...], rank: int) -> tuple[str, tuple, tuple]:
-    """For a projection `inputs,weights->outputs`: (the equation with A and B for the weight, A's
-    shape, B's shape). A keeps the weight axes the input has, B those only the output has, each in
-    the weight's order."""
+def lora_factors(equation: str, weight_shape: tuple[int, ...], rank: int) -> tuple[str, str, tuple, tuple]:
+    """For a projection `inputs,weights->outputs`: (the equation of x times A, that of its rank-r result
+    times B, A's shape, B's shape). A keeps the weight axes the input has, B those only the output has,
+    each in the weight's order."""
     inputs, rest = equation.replace(" ", "").split(",")
     weights, outputs = rest.split("->")
     a_axes = "".join(axis for axis in weights if axis in inputs)
     b_axes = "".join(axis for axis in weights if axis in outputs and axis not in inputs)
     rank_axis = "r" if "r" not in equation else min(set(string.ascii_letters) - set(equation))
     size = dict(zip(weights, weight_shape)) | {rank_axis: rank}
-    lora_equation = f"{inputs},{a_axes}{rank_axis},{rank_axis}{b_axes}->{outputs}"
-    return lora_equation, tuple(size[axis] for axis in a_axes + rank_axis), tuple(size[axis] for axis in rank_axis + b_axes)
+    low = "".join(axis for axis in inputs if axis not in a_axes) + rank_axis
+    return (f"{inputs},{a_axes}{rank_axis}->{low}", f"{low},{rank_axis}{b_axes}->{outputs}",
+            tuple(size[axis] for axis in a_axes + rank_axis), tuple(size[axis] for axis in rank_axis + b_axes))
 
 
 class _LoRA(nn.Module):
@@ -61,15 +63,15 @@ class _Factors(_LoRA):
 
     @nn.compact
     def __call__(self, x):
-        equation, a_shape, b_shape = lora_factors(self.equation, self.weight_shape, self.rank)
+        low_equation, high_equation, a_shape, b_shape = lora_factors(self.equation, self.weight_shape, self.rank)
         a = layers.gathered(self.options, self.param("a", nn.initializers.kaiming_uniform(), a_shape, self.dtype),
                             by_constraint=True)
         b = layers.gathered(self.options, self.param("b", nn.initializers.zeros_init(), b_shape, self.dtype),
                             by_constraint=True)
         if self.pair:
-            low = jnp.einsum("...F,Fr->...r", x, a)
+            low = checkpoint_name(jnp.einsum("...F,Fr->...r", x, a), layers.PROJECTIONS)
             return tuple(jnp.einsum("...r,rH->...H", low, b[:, part]) for part in (0, 1))
-        return jnp.einsum(equation, x, a, b)
+        return jnp.einsum(high_equation, checkpoint_name(jnp.einsum(low_equation, x, a), layers.PROJECTIONS), b)
 
 
 class _Adapter(_LoRA):
@@ -86,7 +88,7 @@ def _project(module: nn.Module, weight_name: str, adapter_name: str, shape: tupl
     out = jnp.einsum(equation, x, weight)
     if module.lora_rank:
         out = out + _Adapter(module.lora_rank, equation, shape, module.dtype, module.options, name=adapter_name)(x)
-    return out
+    return checkpoint_name(out, layers.PROJECTIONS)
 
 
 class Einsum(nn.Module):
@@ -205,6 +207,7 @@ class FeedForward(_Module):
             adapted = _Adapter(self.lora_rank, "...F,NHF->...NH", shape, self.dtype, self.options, pair=True,
                                name="_LoRAEinsum_gating_einsum")(x)
             gate, up = gate + adapted[0], up + adapted[1]
+        gate, up = checkpoint_name(gate, layers.PROJECTIONS), checkpoint_name(up, layers.PROJECTIONS)
         hidden = nn.gelu(gate) * up
         return _project(self, "linear", "_LoRAEinsum_linear", (c.hidden_dim, c.embed_dim), "...H,HF->...F", hidden)
 

@@ -12,8 +12,8 @@ Under FSDP each projection weight is gathered whole before its matmul (`gathered
 partitioner writes one matmul, not a windowed loop over the weight's shards.
 
 Rematerialisation (`--remat`): "none" keeps every activation for the backward pass; "dots" keeps
-the matmul outputs of each block and the attention kernel's output, and recomputes the rest; "full"
-keeps only each block's input and recomputes the block.
+the projections' outputs of each block (PROJECTIONS) and the attention kernel's output, and recomputes
+the rest; "full" keeps only each block's input and recomputes the block.
 """
 
 from __future__ import annotations
@@ -35,11 +35,15 @@ from trainer.nn.sharding import fsdp_spec
 # needs the attention's output in the backward pass, which "dots" alone would recompute with the kernel).
 ATTENTION_RESIDUALS = "attention_residuals"
 
+# A projection's output (with its LoRA adapter's added) and a LoRA adapter's rank-r intermediate carry this name:
+# "dots" keeps them. Keeping every matmul's output instead (jax's dots_with_no_batch_dims_saveable) kept a LoRA
+# projection's base and adapter outputs apart, two full-width tensors where their sum is one.
+PROJECTIONS = "projections"
+
 # Least recomputation first: --remat auto tries them in this order (trainer.run.step).
 REMAT_POLICIES = {
     "none": None,
-    "dots": jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                                                            jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS)),
+    "dots": jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS, PROJECTIONS),
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 

@@ -2,20 +2,31 @@
 
 A packed row holds several documents: `positions` restart at 0 in each, and the attention mask is
 block-diagonal causal from `segment_ids`, so a token sees only earlier tokens of its own document.
+
+Large heads run in token chunks (`fused_loss_sum`): each chunk's logits against the whole vocabulary,
+their log-sum-exp, the chunk's loss and at once its logits' gradient, which gives the chunk's hidden-state
+gradient and its part of the embedding's, all in the forward pass: three [tokens, vocab, D] matmuls a
+chunk, where a head chunked over the vocabulary needs four (the log-sum-exp of a token needs every
+vocabulary chunk before any logit's gradient, so its backward pass computes the logits again). The loss
+is the step's last operation, so the backward pass only scales those gradients by the loss's cotangent.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer.nn import layers as layers_lib
 
-# Logits of more elements than this ([tokens, vocab]) are computed in vocabulary chunks instead.
-# 2**26 float32 = 256 MiB per device; Gemma's 262,144 vocabulary passes it from 256 tokens on.
+# Logits of more elements than this ([tokens, vocab]) are computed in chunks instead. 2**26 float32 =
+# 256 MiB per device; Gemma's 262,144 vocabulary passes it from 256 tokens on.
 MAX_LOGITS_ELEMENTS = 2**26
+# A chunked head holds the logits of as many elements as this many vocabulary rows of every token
+# (--vocab-chunk): its tokens run in ceil(vocab / VOCAB_CHUNK) chunks against the whole vocabulary.
 VOCAB_CHUNK = 16_384
 
 
@@ -33,89 +44,130 @@ def _logits(hidden: jax.Array, embedding: jax.Array, cap: float | None) -> jax.A
     return _softcap(logits, cap)
 
 
-def token_losses(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, softcap: float | None = None, vocab_chunk: int | None = None) -> jax.Array:
-    """Per-token -log p(target) [B, L] from hidden states [B, L, D] and the tied embedding [V, D].
-
-    With `vocab_chunk`, log-sum-exp is accumulated over vocabulary chunks (`chunked_logsumexp`), so
-    neither the forward nor the backward pass holds more than [tokens, vocab_chunk] logits.
-    """
+def token_losses(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *, softcap: float | None = None) -> jax.Array:
+    """Per-token -log p(target) [B, L] from hidden states [B, L, D] and the tied embedding [V, D], through
+    the whole [tokens, V] float32 logits (autodiff's backward: two more matmuls of the same size)."""
     batch_shape = targets.shape
     hidden = hidden.reshape(-1, hidden.shape[-1])
     targets = targets.reshape(-1)
     target_logits = _softcap(
         jnp.einsum("nd,nd->n", hidden, embedding[targets], preferred_element_type=jnp.float32), softcap
     )
-    vocab_size = embedding.shape[0]
-    if vocab_chunk is None or vocab_chunk >= vocab_size:
-        log_normalizer = jax.nn.logsumexp(_logits(hidden, embedding, softcap), axis=-1)
-    else:
-        log_normalizer = chunked_logsumexp(hidden, embedding, softcap, vocab_chunk)
+    log_normalizer = jax.nn.logsumexp(_logits(hidden, embedding, softcap), axis=-1)
     return (log_normalizer - target_logits).reshape(batch_shape)
 
 
-def _chunk_logits(hidden, chunk, chunk_valid, softcap: float | None) -> jax.Array:
-    return jnp.where(chunk_valid, _logits(hidden, chunk, softcap), -jnp.inf)
-
-
-def chunk_logsumexp(hidden, chunk, chunk_valid, softcap: float | None) -> jax.Array:
-    """log-sum-exp over one vocabulary chunk [chunk, D] of the logits of `hidden` [tokens, D]: the body
-    of the forward chunk loop (trainer.run.vocab_chunk counts its cost once per iteration)."""
-    return jax.nn.logsumexp(_chunk_logits(hidden, chunk, chunk_valid, softcap), axis=-1)
-
-
-def chunk_gradients(hidden, chunk, chunk_valid, log_normalizer, cotangent, softcap: float | None):
-    """(d hidden, d chunk) of sum(cotangent * log_normalizer) through one chunk: the body of the
-    backward chunk loop. It recomputes the chunk's logits; softmax = exp(logits - log_normalizer)."""
-    logits = _chunk_logits(hidden, chunk, chunk_valid, softcap)
-    d_logits = cotangent[:, None] * jnp.exp(logits - log_normalizer[:, None])
+def chunk_loss(hidden, embedding, targets, weights, softcap: float | None):
+    """(sum of weights x -log p(target), its gradient with respect to the logits, in hidden's dtype) of one
+    token chunk: hidden [tokens, D], targets and weights [tokens] against the whole embedding [V, D]."""
+    logits = _logits(hidden, embedding, softcap)  # [tokens, V] float32, one chunk's
+    is_target = jnp.arange(embedding.shape[0])[None, :] == targets[:, None]
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)
+    target_logits = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
+    total = jnp.sum(weights * (log_normalizer - target_logits))
+    d_logits = weights[:, None] * (jnp.exp(logits - log_normalizer[:, None]) - is_target)
     if softcap is not None:  # d/dz cap * tanh(z / cap) = 1 - tanh^2
         d_logits = d_logits * (1 - jnp.square(logits / softcap))
-    d_logits = jnp.where(chunk_valid, d_logits, 0).astype(hidden.dtype)  # a padded row's -inf logit has no gradient
-    d_hidden = jnp.einsum("nv,vd->nd", d_logits, chunk, preferred_element_type=jnp.float32)
-    d_chunk = jnp.einsum("nv,nd->vd", d_logits, hidden, preferred_element_type=jnp.float32)
-    return d_hidden, d_chunk
+    return total, d_logits.astype(hidden.dtype)
 
 
-def _chunks(embedding, vocab_chunk: int):
-    """The embedding padded to whole chunks [chunks, chunk, D], and which of their rows are real."""
-    vocab_size, dim = embedding.shape
-    num_chunks = -(-vocab_size // vocab_chunk)
-    padding = num_chunks * vocab_chunk - vocab_size
-    chunks = jnp.pad(embedding, ((0, padding), (0, 0))).reshape(num_chunks, vocab_chunk, dim)
-    valid = (jnp.arange(num_chunks * vocab_chunk) < vocab_size).reshape(num_chunks, vocab_chunk)
-    return chunks, valid
+def chunk_gradients(hidden, embedding, targets, weights, softcap: float | None, *, embedding_gradient: bool = True):
+    """(loss sum, d hidden, d embedding or None) of one token chunk (`chunk_loss`): the body of the fused
+    head's loop (trainer.run.vocab_chunk counts its cost once per iteration). The embedding's part is a
+    float32 matmul result, left in float32 for the caller's sum."""
+    total, d_logits = chunk_loss(hidden, embedding, targets, weights, softcap)
+    d_hidden = jnp.einsum("nv,vd->nd", d_logits, embedding, preferred_element_type=jnp.float32).astype(hidden.dtype)
+    d_embedding = jnp.einsum("nv,nd->vd", d_logits, hidden, preferred_element_type=jnp.float32) if embedding_gradient else None
+    return total, d_hidden, d_embedding
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def chunked_logsumexp(hidden: jax.Array, embedding: jax.Array, softcap: float | None, vocab_chunk: int) -> jax.Array:
-    """log-sum-exp [tokens] float32 of the logits of `hidden` [tokens, D] against `embedding` [V, D],
-    `vocab_chunk` rows at a time: matmuls in the inputs' dtype accumulating in float32. Its backward
-    recomputes each chunk's logits and keeps only the log-sum-exp, so no [tokens, V] array exists
-    either way."""
-    chunks, valid = _chunks(embedding, vocab_chunk)
-    per_chunk = jax.lax.map(lambda args: chunk_logsumexp(hidden, *args, softcap), (chunks, valid))  # [chunks, tokens]
-    return jax.nn.logsumexp(per_chunk, axis=0)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def fused_loss_sum(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, weights: jax.Array,
+                   softcap: float | None) -> jax.Array:
+    """sum(weights x -log p(target)) float32 of token chunks: hidden [chunks, tokens, D], targets and
+    weights [chunks, tokens], against the embedding [V, D]; one chunk's [tokens, V] logits at a time.
+
+    Differentiated, the forward pass computes the gradients as well (`chunk_gradients`), the embedding's
+    only when the embedding is differentiated (LoRA's is frozen), summed over the chunks in the
+    embedding's dtype: the bytes of the gradient itself, where a float32 sum of gemma3-1b's would hold
+    1.2 GB more. In bfloat16 each chunk's sum rounds once more: 4,096 tokens in 16 chunks put the
+    embedding's gradient 0.53% (of its norm) off float32's, against 0.28% in one. The backward pass
+    scales the gradients by the cotangent. Weights and targets get none."""
+
+    def body(total, chunk):
+        chunk_hidden, chunk_targets, chunk_weights = chunk
+        return total + chunk_loss(chunk_hidden, embedding, chunk_targets, chunk_weights, softcap)[0], None
+
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (hidden, targets, weights))
+    return total
 
 
-def _chunked_logsumexp_forward(hidden, embedding, softcap, vocab_chunk):
-    log_normalizer = chunked_logsumexp(hidden, embedding, softcap, vocab_chunk)
-    return log_normalizer, (hidden, embedding, log_normalizer)
+def _fused_loss_sum_forward(hidden, embedding, targets, weights, softcap):
+    """With symbolic zeros: each argument is a CustomVJPPrimal (its value, and whether it is differentiated)."""
+    embedding_gradient = embedding.perturbed
+    hidden, embedding, targets, weights = hidden.value, embedding.value, targets.value, weights.value
+
+    def body(carry, chunk):
+        total, d_embedding = carry
+        chunk_hidden, chunk_targets, chunk_weights = chunk
+        part, d_hidden, d_part = chunk_gradients(chunk_hidden, embedding, chunk_targets, chunk_weights, softcap,
+                                                 embedding_gradient=embedding_gradient)
+        if embedding_gradient:
+            d_embedding = (d_embedding + d_part).astype(embedding.dtype)
+        return (total + part, d_embedding), d_hidden
+
+    d_embedding = jnp.zeros(embedding.shape, embedding.dtype) if embedding_gradient else None
+    (total, d_embedding), d_hidden = jax.lax.scan(body, (jnp.zeros((), jnp.float32), d_embedding), (hidden, targets, weights))
+    return total, (d_hidden, d_embedding)
 
 
-def _chunked_logsumexp_backward(softcap, vocab_chunk, residuals, cotangent):
-    hidden, embedding, log_normalizer = residuals
-    chunks, valid = _chunks(embedding, vocab_chunk)
-
-    def body(d_hidden, args):
-        d_hidden_part, d_chunk = chunk_gradients(hidden, *args, log_normalizer, cotangent, softcap)
-        return d_hidden + d_hidden_part, d_chunk.astype(embedding.dtype)
-
-    d_hidden, d_chunks = jax.lax.scan(body, jnp.zeros(hidden.shape, jnp.float32), (chunks, valid))
-    d_embedding = d_chunks.reshape(-1, embedding.shape[1])[: embedding.shape[0]]
-    return d_hidden.astype(hidden.dtype), d_embedding
+def _fused_loss_sum_backward(softcap, residuals, cotangent):
+    d_hidden, d_embedding = residuals
+    scale = lambda gradient: None if gradient is None else (cotangent * gradient).astype(gradient.dtype)  # noqa: E731
+    return scale(d_hidden), scale(d_embedding), None, None
 
 
-chunked_logsumexp.defvjp(_chunked_logsumexp_forward, _chunked_logsumexp_backward)
+fused_loss_sum.defvjp(_fused_loss_sum_forward, _fused_loss_sum_backward, symbolic_zeros=True)
+
+
+def _shards(layers: layers_lib.LayerOptions) -> int:
+    """How many devices the token rows are split over."""
+    return 1 if layers.mesh is None else math.prod(layers.mesh.shape[axis] for axis in layers.batch_axes)
+
+
+def token_chunks(tokens: int, vocab_size: int, vocab_chunk: int, layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> int:
+    """How many token chunks a head of --vocab-chunk `vocab_chunk` runs in: each holds the logits of about
+    as many elements as `vocab_chunk` rows of every token (ceil(vocab / vocab_chunk) chunks), raised to
+    the next count that divides the tokens of each device the rows are split over (`layers`' mesh), so
+    that every chunk is spread evenly over them."""
+    local_tokens = tokens // _shards(layers)
+    chunks = min(-(-vocab_size // vocab_chunk), local_tokens)
+    while local_tokens % chunks:
+        chunks += 1
+    return chunks
+
+
+def _interleaved(array: jax.Array, chunks: int, layers: layers_lib.LayerOptions) -> jax.Array:
+    """[tokens, ...] as [chunks, tokens / chunks, ...], chunk i holding tokens i, i + chunks, ...: a
+    device's tokens are contiguous, so each chunk takes an equal share of every device's, and nothing moves."""
+    split = jnp.swapaxes(array.reshape(-1, chunks, *array.shape[1:]), 0, 1)
+    if layers.mesh is None:
+        return split
+    return jax.lax.with_sharding_constraint(split, NamedSharding(layers.mesh, PartitionSpec(None, layers.batch_axes)))
+
+
+def loss_sum(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, weights: jax.Array, *, softcap: float | None,
+             vocab_chunk: int | None, layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> jax.Array:
+    """sum(weights x -log p(target)) of hidden states [B, L, D] (or [tokens, D]) against the tied embedding
+    [V, D]: plain logits when `vocab_chunk` is None or covers the vocabulary, else the fused head in
+    token chunks (`token_chunks`)."""
+    if vocab_chunk is None or vocab_chunk >= embedding.shape[0]:
+        return jnp.sum(token_losses(hidden, embedding, targets, softcap=softcap) * weights)
+    tokens = targets.size
+    chunks = token_chunks(tokens, embedding.shape[0], vocab_chunk, layers)
+    split = functools.partial(_interleaved, chunks=chunks, layers=layers)
+    return fused_loss_sum(split(hidden.reshape(tokens, hidden.shape[-1])), embedding, split(targets.reshape(tokens)),
+                          split(weights.reshape(tokens)), softcap)
 
 
 def choose_vocab_chunk(tokens: int, vocab_size: int) -> int | None:
@@ -129,6 +181,6 @@ def loss_sums(model, params, batch, *, softcap: float | None, vocab_chunk: int |
     the caller over the whole global batch so that padding never dilutes it."""
     hidden = hidden_states(model, params, batch, layers)
     embedding = params["embedder"]["input_embedding"]
-    losses = token_losses(hidden, embedding, batch["target_tokens"], softcap=softcap, vocab_chunk=vocab_chunk)
     mask = batch["loss_mask"].astype(jnp.float32)
-    return jnp.sum(losses * mask), jnp.sum(mask)
+    total = loss_sum(hidden, embedding, batch["target_tokens"], mask, softcap=softcap, vocab_chunk=vocab_chunk, layers=layers)
+    return total, jnp.sum(mask)

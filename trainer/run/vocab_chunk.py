@@ -1,27 +1,28 @@
-"""How many vocabulary rows the loss takes logits of at a time (trainer.nn.loss), chosen on TPU by the compiler.
+"""How many vocabulary rows' worth of logits the loss takes at a time (trainer.nn.loss), chosen on TPU by the compiler.
 
 Gemma's 262,144-entry vocabulary makes the loss head the step's largest tensor: [tokens, vocab] float32
-logits. Chunking bounds them to [tokens, chunk] at a price in bytes (every chunk re-reads the hidden
-states and adds into their gradient), so the best chunk depends on the model, the tokens per chip and
-the chip. On TPU the head alone (hidden states and embedding to the summed loss, with both
-gradients, sharded as in the step) is compiled for each candidate on the run's mesh, seconds each,
-and the candidates are ranked by the compiler's figures: the roofline time of their FLOPs and bytes
-(every loop iteration counted, see `loop_cost`), then their temporaries. trainer.run.step compiles the
-whole step with the fastest and, when the compiler refuses it for memory, goes on to the fastest
-candidate whose head frees the bytes it was short. On CPU and GPU memory is not what limits a run:
-trainer.nn.loss's size rule decides there.
+logits. A chunk of N rows bounds them to [tokens, N] elements at once: the fused head runs the tokens in
+ceil(vocab / N) chunks against the whole vocabulary (trainer.nn.loss.token_chunks), at a price in bytes
+(every chunk reads and writes the embedding's gradient sum), so the best chunk depends on the model,
+the tokens per chip and the chip. On TPU the head alone (hidden states and embedding to the summed
+loss, with both gradients, sharded as in the step) is compiled for each candidate on the run's mesh,
+seconds each, and the candidates are ranked by the compiler's figures: the roofline time of their
+FLOPs and bytes (every loop iteration counted, see `loop_cost`), then their temporaries.
+trainer.run.step compiles the whole step with the fastest and, when the compiler refuses it for
+memory, goes on to the fastest candidate whose head frees the bytes it was short. On CPU and GPU
+memory is not what limits a run: trainer.nn.loss's size rule decides there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from trainer.nn import layers as layers_lib
 from trainer.nn import loss
 from trainer.run import mesh
 from trainer.run import hardware
@@ -48,32 +49,42 @@ def _cost(compiled) -> tuple[float, float]:
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def _hidden(device_mesh, tokens: int, embed_dim: int, dtype) -> jax.ShapeDtypeStruct:
-    """The final hidden states of `tokens` positions, split over the batch axes as the step splits them."""
-    return jax.ShapeDtypeStruct((tokens, embed_dim), dtype, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
+def _token_rows(device_mesh, tokens: int, embed_dim: int | None, dtype) -> jax.ShapeDtypeStruct:
+    """`tokens` positions' hidden states (or, without `embed_dim`, one value each), split over the batch
+    axes as the step splits them."""
+    shape = (tokens,) if embed_dim is None else (tokens, embed_dim)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
+
+
+def _layers(device_mesh) -> layers_lib.LayerOptions:
+    """The token rows split over the mesh as the step's are (trainer.nn.loss chunks them by device)."""
+    return layers_lib.LayerOptions(mesh=device_mesh, batch_axes=mesh.BATCH_AXES)
 
 
 def loop_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int, chunk: int | None,
-              softcap: float | None) -> tuple[float, float]:
+              softcap: float | None, embedding_gradient: bool = True) -> tuple[float, float]:
     """(FLOPs, bytes accessed) per chip that XLA's cost analysis leaves out of a chunked head: it counts
-    a loop body once, so the (chunks - 1) missing iterations of the forward loop and of the backward
-    loop (trainer.nn.loss.chunked_logsumexp) are the compiler's own cost of one chunk's forward body and
-    of one chunk's backward body, each compiled alone on the same mesh."""
+    a loop body once, so the (chunks - 1) missing iterations of the fused head's loop
+    (trainer.nn.loss.fused_loss_sum) are the compiler's own cost of one chunk's body compiled alone on
+    the same mesh: with the sum of the embedding's gradient unless the embedding is frozen (LoRA)."""
     if chunk is None or chunk >= vocab_size:
         return 0.0, 0.0
-    replicated = NamedSharding(device_mesh, PartitionSpec())
-    hidden = _hidden(device_mesh, tokens, embed_dim, compute_dtype)
-    weights = jax.ShapeDtypeStruct((chunk, embed_dim), compute_dtype, sharding=replicated)
-    valid = jax.ShapeDtypeStruct((chunk,), jnp.bool_, sharding=replicated)
-    per_token = jax.ShapeDtypeStruct((tokens,), jnp.float32, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
-    what = f"one chunk of {chunk} vocabulary rows (to count the loop's iterations)"
-    forward = compile_answers.compile(jax.jit(functools.partial(loss.chunk_logsumexp, softcap=softcap)).lower(hidden, weights, valid),
-                                      what=f"{what}, forward", devices=device_mesh.devices.flat)
-    backward = compile_answers.compile(jax.jit(functools.partial(loss.chunk_gradients, softcap=softcap)).lower(
-        hidden, weights, valid, per_token, per_token), what=f"{what}, backward", devices=device_mesh.devices.flat)
-    missing = math.ceil(vocab_size / chunk) - 1
-    (forward_flops, forward_bytes), (backward_flops, backward_bytes) = _cost(forward), _cost(backward)
-    return missing * (forward_flops + backward_flops), missing * (forward_bytes + backward_bytes)
+    chunks = loss.token_chunks(tokens, vocab_size, chunk, _layers(device_mesh))
+    embedding_sharding = mesh.state_shardings(device_mesh, jax.ShapeDtypeStruct((vocab_size, embed_dim), jnp.float32))
+    embedding = jax.ShapeDtypeStruct((vocab_size, embed_dim), compute_dtype, sharding=embedding_sharding)
+
+    def body(hidden, embedding, targets, weights, d_embedding):
+        total, d_hidden, d_part = loss.chunk_gradients(hidden, embedding, targets, weights, softcap,
+                                                       embedding_gradient=embedding_gradient)
+        return total, d_hidden, d_part if d_part is None else (d_embedding + d_part).astype(d_embedding.dtype)
+
+    lowered = jax.jit(body).lower(_token_rows(device_mesh, tokens // chunks, embed_dim, compute_dtype), embedding,
+                                  _token_rows(device_mesh, tokens // chunks, None, jnp.int32),
+                                  _token_rows(device_mesh, tokens // chunks, None, jnp.float32), embedding)
+    compiled = compile_answers.compile(lowered, what=f"one chunk of {tokens // chunks} tokens (to count the loop's iterations)",
+                                       devices=device_mesh.devices.flat)
+    flops, bytes_accessed = _cost(compiled)
+    return (chunks - 1) * flops, (chunks - 1) * bytes_accessed
 
 
 def head_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_size: int, chunk: int | None,
@@ -81,9 +92,10 @@ def head_cost(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_
     """The head with `chunk`, compiled for `device_mesh` (compile-only TPU devices will do)."""
     embedding_sharding = mesh.state_shardings(device_mesh, jax.ShapeDtypeStruct((vocab_size, embed_dim), jnp.float32))
     embedding = jax.ShapeDtypeStruct((vocab_size, embed_dim), compute_dtype, sharding=embedding_sharding)
-    targets = jax.ShapeDtypeStruct((tokens,), jnp.int32, sharding=NamedSharding(device_mesh, PartitionSpec(mesh.BATCH_AXES)))
-    head = lambda h, e, t: jnp.sum(loss.token_losses(h, e, t, softcap=softcap, vocab_chunk=chunk))  # noqa: E731
-    lowered = jax.jit(jax.value_and_grad(head, argnums=(0, 1))).lower(_hidden(device_mesh, tokens, embed_dim, compute_dtype), embedding, targets)
+    head = functools.partial(loss.loss_sum, softcap=softcap, vocab_chunk=chunk, layers=_layers(device_mesh))
+    lowered = jax.jit(jax.value_and_grad(head, argnums=(0, 1))).lower(
+        _token_rows(device_mesh, tokens, embed_dim, compute_dtype), embedding, _token_rows(device_mesh, tokens, None, jnp.int32),
+        _token_rows(device_mesh, tokens, None, jnp.float32))
     compiled = compile_answers.compile(lowered, what=f"loss head with {_chunk_name(chunk)}", devices=device_mesh.devices.flat)
     flops, bytes_accessed = _cost(compiled)
     missing_flops, missing_bytes = loop_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim,

@@ -1,5 +1,7 @@
 """The model and the loss: packing, padding, vocabulary chunks, LoRA, weights and vocabulary checks."""
 
+import dataclasses
+import functools
 import os
 import pathlib
 import subprocess
@@ -10,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend import core as jax_core
 
 from trainer.data import loader as data
 
@@ -41,9 +44,9 @@ def packed_batch(tokenized_data):
     pytest.fail("no packed row in the fixture data")
 
 
-def _token_losses(model, params, batch, vocab_chunk=None):
+def _token_losses(model, params, batch):
     hidden = loss.hidden_states(model, params, batch)
-    return loss.token_losses(hidden, params["embedder"]["input_embedding"], batch["target_tokens"], vocab_chunk=vocab_chunk)
+    return loss.token_losses(hidden, params["embedder"]["input_embedding"], batch["target_tokens"])
 
 
 def _row_of_segment(batch, row, segment):
@@ -76,42 +79,78 @@ def test_extra_padding_does_not_change_the_loss(tiny, packed_batch):
     np.testing.assert_allclose(float(padded_sums[0] / padded_sums[1]), float(sums[0] / sums[1]), rtol=1e-6)
 
 
-def test_vocabulary_chunked_loss_and_gradient_equal_the_plain_ones(tiny, packed_batch):
-    model, params = tiny
-    vocab_size = params["embedder"]["input_embedding"].shape[0]
-    chunk = 96  # does not divide the vocabulary: the last chunk is padded
-    assert vocab_size % chunk
+# The query and key norms' scales get gradients of norm ~1e-9 (against ~1 for the embedding's), which another
+# summation order moves by up to 0.07% of their norm; a wrong gradient is off by tens of percent.
+FLOAT32_SUMMATION = 2e-3
+VOCAB_SIZE = 1000  # a size no other axis of the tiny model has, so the loss head's matmuls can be told apart
+CHUNK = 96  # rows' worth of logits: ceil(1000 / 96) = 11 token chunks, raised to 16, which divides 128 and 256 tokens
 
-    def mean_loss(params, vocab_chunk):
-        total, count = loss.loss_sums(model, params, packed_batch, softcap=30.0, vocab_chunk=vocab_chunk)
+
+def _count_matmuls(jaxpr, counted) -> int:
+    """dot_generals for which `counted(equation)` holds, in `jaxpr` and the loops and calls in it."""
+    count = 0
+    for equation in jaxpr.eqns:
+        count += equation.primitive.name == "dot_general" and counted(equation)
+        for value in equation.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
+                    count += _count_matmuls(getattr(sub, "jaxpr", sub), counted)
+    return count
+
+
+def _vocabulary_matmuls(jaxpr) -> int:
+    """dot_generals with an operand of VOCAB_SIZE rows or columns."""
+    return _count_matmuls(jaxpr, lambda equation: any(VOCAB_SIZE in operand.aval.shape for operand in equation.invars))
+
+
+@pytest.mark.parametrize(("lora_rank", "matmuls"), [(0, 3), (4, 2)])
+def test_fused_head_gives_the_plain_heads_loss_and_gradients_with_three_vocabulary_matmuls(packed_batch, lora_rank, matmuls):
+    """The head in token chunks (float32, Gemma 2's final softcap, a packed batch whose loss mask leaves
+    prompts out) computes the loss and every gradient that plain logits under autodiff do, and
+    its step takes three [tokens x vocab x D] matmuls (logits, hidden-state and embedding gradients), all
+    in the forward pass; a head chunked over the vocabulary took four (its backward recomputed the
+    logits). LoRA's embedding is frozen: no embedding gradient, two."""
+    config = dataclasses.replace(models.model_config("tiny", vocab_size=VOCAB_SIZE), num_layers=1)  # the head is the point
+    model = models.build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
+    base = models.init_params(config, seed=0)
+    adapters = jax.tree.map(lambda p: p + 0.05, models.init_adapters(config, seed=1, lora_rank=lora_rank))  # B starts at zero
+    trained = adapters if lora_rank else base
+    batch = dict(packed_batch, loss_mask=np.asarray(packed_batch["loss_mask"]).copy())
+    batch["loss_mask"][:, :20] = 0  # prompts
+    assert batch["target_tokens"].size == 128
+
+    def mean_loss(trained, vocab_chunk):
+        whole = models.join_lora(base, trained) if lora_rank else trained
+        total, count = loss.loss_sums(model, whole, batch, softcap=30.0, vocab_chunk=vocab_chunk)
         return total / count
 
-    plain, plain_grad = jax.value_and_grad(mean_loss)(params, None)
-    chunked, chunked_grad = jax.value_and_grad(mean_loss)(params, chunk)
-    np.testing.assert_allclose(float(chunked), float(plain), rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(chunked_grad), jax.tree.leaves(plain_grad)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3, atol=1e-6)
+    step = jax.jit(jax.value_and_grad(mean_loss), static_argnums=1)
+    (plain, plain_grads), (fused, fused_grads) = step(trained, None), step(trained, CHUNK)
+    np.testing.assert_allclose(float(fused), float(plain), rtol=1e-6)
+    assert_each_leaf_close(fused_grads, plain_grads, FLOAT32_SUMMATION)
+    assert _vocabulary_matmuls(jax.make_jaxpr(jax.value_and_grad(mean_loss), static_argnums=1)(trained, CHUNK).jaxpr) == matmuls
 
 
-def test_chunked_head_in_bfloat16_gives_the_plain_heads_loss_and_gradients():
-    """bfloat16 hidden states and embedding, Gemma's final softcap: the custom-gradient chunked head
-    equals the plain logits' head (autodiff) within bfloat16 tolerance."""
-    tokens, dim, vocab_size = 64, 32, 1000  # 1000 rows: the last chunk of 96 is padded
-    keys = jax.random.split(jax.random.key(0), 3)
+def test_fused_head_in_bfloat16_gives_the_plain_heads_loss_and_gradients():
+    """bfloat16 hidden states and embedding, a final softcap, a loss mask: the fused head equals the plain
+    logits' head (autodiff) within bfloat16 summation; its embedding gradient, summed over 16 token
+    chunks in bfloat16, too."""
+    tokens, dim = 256, 32
+    keys = jax.random.split(jax.random.key(0), 4)
     hidden = jax.random.normal(keys[0], (2, tokens // 2, dim), jnp.bfloat16)
-    embedding = (jax.random.normal(keys[1], (vocab_size, dim)) * 0.5).astype(jnp.bfloat16)
-    targets = jax.random.randint(keys[2], (2, tokens // 2), 0, vocab_size)
+    embedding = (jax.random.normal(keys[1], (VOCAB_SIZE, dim)) * 0.5).astype(jnp.bfloat16)
+    targets = jax.random.randint(keys[2], (2, tokens // 2), 0, VOCAB_SIZE)
+    mask = (jax.random.uniform(keys[3], (2, tokens // 2)) < 0.7).astype(jnp.float32)
+    assert loss.token_chunks(tokens, VOCAB_SIZE, CHUNK) == 16
 
     def head(hidden, embedding, vocab_chunk):
-        return jnp.mean(loss.token_losses(hidden, embedding, targets, softcap=30.0, vocab_chunk=vocab_chunk))
+        return loss.loss_sum(hidden, embedding, targets, mask, softcap=30.0, vocab_chunk=vocab_chunk) / jnp.sum(mask)
 
     plain, plain_grads = jax.value_and_grad(head, argnums=(0, 1))(hidden, embedding, None)
-    chunked, chunked_grads = jax.jit(jax.value_and_grad(head, argnums=(0, 1)), static_argnums=2)(hidden, embedding, 96)
-    np.testing.assert_allclose(float(chunked), float(plain), rtol=1e-3)
-    for got, want in zip(chunked_grads, plain_grads):
-        assert got.dtype == want.dtype == jnp.bfloat16
-        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+    fused, fused_grads = jax.jit(jax.value_and_grad(head, argnums=(0, 1)), static_argnums=2)(hidden, embedding, CHUNK)
+    np.testing.assert_allclose(float(fused), float(plain), rtol=1e-3)
+    assert [grad.dtype for grad in fused_grads] == [jnp.bfloat16, jnp.bfloat16]
+    assert_each_leaf_close(fused_grads, plain_grads, BFLOAT16_SUMMATION)
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
@@ -184,6 +223,50 @@ def test_projections_gathered_over_the_mesh_compute_what_they_did(lora_rank):
 def test_large_logits_are_chunked_and_small_ones_are_not():
     assert loss.choose_vocab_chunk(32 * 256, 262_144) == loss.VOCAB_CHUNK  # Gemma 3 at 32 rows of 256 per device
     assert loss.choose_vocab_chunk(16 * 128, 512) is None  # the tiny demo
+
+
+def _matmuls(jaxpr) -> int:
+    """dot_generals in `jaxpr` and the loops and calls in it."""
+    return _count_matmuls(jaxpr, lambda equation: True)
+
+
+def _remat_figures(model, trained, join, tokens, remat: str, hidden_dim: int) -> tuple[int, int]:
+    """(how many [B, L, hidden_dim] activations the backward pass of `remat` keeps, how many matmuls the
+    forward and backward passes take): the kept are the leaves of jax.vjp's function with the tokens'
+    shape and the feed-forward's width."""
+    options = layers.LayerOptions(remat=remat)
+    hidden = lambda trained: model.apply({"params": join(trained)}, tokens, options=options)  # noqa: E731
+    kept = jax.eval_shape(lambda trained: jax.tree.leaves(jax.vjp(hidden, trained)[1]), trained)  # shapes only
+    wide = sum(leaf.shape[:2] == tokens.shape and leaf.shape[-1] == hidden_dim for leaf in kept)
+    return wide, _matmuls(jax.make_jaxpr(jax.grad(lambda trained: jnp.sum(hidden(trained))))(trained).jaxpr)
+
+
+def test_remat_dots_keeps_a_lora_projections_sum_and_rank_r_intermediate_not_its_two_outputs():
+    """--remat dots keeps each projection's output: with LoRA, the sum of the base's and the adapter's, and the
+    adapter's rank-r intermediate, so a LoRA block keeps as many feed-forward-wide activations as a full
+    fine-tune's (2 a layer, gate and up; keeping every matmul's output kept 4), recomputes no more matmuls
+    than a full fine-tune does (the dense attention's two a layer), and computes what it did."""
+    config = dataclasses.replace(models.model_config("tiny", vocab_size=VOCAB_SIZE), num_layers=1)
+    tokens = jax.random.randint(jax.random.key(0), (2, SEQ_LEN), 0, VOCAB_SIZE)
+    base = models.init_params(config, seed=0)
+    adapters = jax.tree.map(lambda p: p + 0.05, models.init_adapters(config, seed=1, lora_rank=4))  # B starts at zero
+    full, lora = models.build_model(config, dtype=jnp.float32), models.build_model(config, dtype=jnp.float32, lora_rank=4)
+    joined = functools.partial(models.join_lora, base)
+    figures = {(name, remat): _remat_figures(model, trained, join, tokens, remat, config.hidden_dim)
+               for name, (model, trained, join) in {"full": (full, base, lambda p: p), "lora": (lora, adapters, joined)}.items()
+               for remat in ("none", "dots")}
+    assert figures["full", "dots"][0] == figures["lora", "dots"][0] == 2 * config.num_layers
+    recomputed = {name: figures[name, "dots"][1] - figures[name, "none"][1] for name in ("full", "lora")}
+    assert recomputed == {"full": 2 * config.num_layers, "lora": 2 * config.num_layers}
+
+    def objective(adapters, remat):
+        hidden = lora.apply({"params": joined(adapters)}, tokens, options=layers.LayerOptions(remat=remat))
+        return jnp.mean(jnp.square(hidden))
+
+    (plain, plain_grads), (rematerialised, remat_grads) = (jax.jit(jax.value_and_grad(objective), static_argnums=1)(adapters, remat)
+                                                          for remat in ("none", "dots"))
+    np.testing.assert_allclose(float(rematerialised), float(plain), rtol=1e-6)
+    assert_each_leaf_close(remat_grads, plain_grads, 1e-5)
 
 
 def test_merged_lora_export_computes_what_the_adapted_model_computes(tokenized_data, packed_batch):

@@ -65,8 +65,8 @@ def initialize_distributed(config) -> bool:
         raise UserError(f"--multi-tier-backup-minutes: environment variable {RUN_NAME_ENV} is not set; it names the run's "
                         "backups (the JobSet's name, from the annotation jobset.sigs.k8s.io/jobset-name)")
     if not (pathlib.Path(volume) / initialization._JAX_INIT_INFO_FILE).exists():  # noqa: SLF001 (Orbax's protocol file)
-        print(f"trainer: waiting up to {NODE_TIMEOUT_S} s for the node's multi-tier checkpointing driver to write "
-              f"{volume}/jax-init-info.txt (it does once every pod of the job has a rank)", flush=True)
+        local_checkpoints.print_notice(f"waiting up to {NODE_TIMEOUT_S} s for the node's multi-tier checkpointing driver to "
+                                       f"write {volume}/jax-init-info.txt (it does once every pod of the job has a rank)")
     # Orbax reads absl flags, which the trainer does not parse: their defaults, and Orbax's process ids
     # those of the rank server (jax-init-info.txt), as MaxText sets it.
     if not flags.FLAGS.is_parsed():

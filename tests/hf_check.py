@@ -11,7 +11,9 @@ template's text go to its .json.
 
 For the import tests (tests/trainer/hf/test_import.py), the plan's "made" entries come first: each
 makes a random Gemma 3 with transformers' own classes, {"text_config": {...}, "multimodal": bool,
-"max_shard_size": STR or null, "out": DIR}, and optionally a PEFT adapter on it, "adapter": {"r", "lora_alpha",
+"max_shard_size": STR or null, "out": DIR}, a multimodal one with images given "images": {"vision_config": {...},
+"mm_tokens_per_image", "image_token_index", "pixel_values": FILE.npy [images, 3, size, size]} (its logits then
+read them, in order, at the image tokens, with Gemma 3's attention rule), and optionally a PEFT adapter on it, "adapter": {"r", "lora_alpha",
 "share_a": bool, "out": DIR} (share_a: v_proj's lora_A is k_proj's and up_proj's gate_proj's, as this
 trainer's LoRA keeps them); "logits": FILE.npy gets the model's (with the adapter's) logits of "tokens".
 """
@@ -39,10 +41,12 @@ def made(case: dict) -> None:
     """A random Gemma 3 (and PEFT adapter) saved as transformers and PEFT save them, with its logits."""
     torch.manual_seed(0)
     text = transformers.Gemma3TextConfig(**case["text_config"])
+    images = case.get("images")
     if case["multimodal"]:
-        config = transformers.Gemma3Config(text_config=text.to_dict(), mm_tokens_per_image=4, vision_config={
-            "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "image_size": 28, "patch_size": 14})
+        vision = {key: value for key, value in (images or {}).items() if key != "pixel_values"} or {
+            "mm_tokens_per_image": 4, "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                                        "num_attention_heads": 2, "image_size": 28, "patch_size": 14}}
+        config = transformers.Gemma3Config(text_config=text.to_dict(), **vision)
         model = transformers.Gemma3ForConditionalGeneration(config)
     else:
         model = transformers.Gemma3ForCausalLM(text)
@@ -67,8 +71,13 @@ def made(case: dict) -> None:
                             module.lora_A["default"].weight.copy_(modules[name[: -len(second)] + first].lora_A["default"].weight)
         model.save_pretrained(adapter["out"])
         model.eval()
+    tokens = torch.tensor(case["tokens"])
+    inputs = {"input_ids": tokens}
+    if images:  # token_type_ids: the image tokens, which see their whole image (the processor gives them so)
+        inputs |= {"pixel_values": torch.tensor(np.load(images["pixel_values"])),
+                   "token_type_ids": (tokens == images["image_token_index"]).long()}
     with torch.no_grad():
-        np.save(case["logits"], model(input_ids=torch.tensor(case["tokens"])).logits.float().numpy())
+        np.save(case["logits"], model(**inputs).logits.float().numpy())
 
 
 def tokenized(directory: str, text: str, messages) -> dict:

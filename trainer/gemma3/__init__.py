@@ -1,4 +1,5 @@
-"""The Gemma 3 text transformer, owned here: its architectures (`config`) and its flax modules (`model`).
+"""The Gemma 3 transformer, owned here: its architectures (`config`), its flax modules (`model`) and the image
+encoder of the vision-language models (`vision`).
 
 The trainer image does not install the `gemma` package: gemma's model imports kauldron, which imports
 TensorFlow (1.3 GB of the image) at module level, and the trainer runs none of it. Parameter names and

@@ -1,4 +1,5 @@
-"""Gemma 3 text architectures: the shapes of the published models, and a tiny one for CPU.
+"""Gemma 3 architectures: the text models' shapes (the published ones, and a tiny one for CPU), and the
+vision encoder (SigLIP) of the 4b, 12b and 27b vision-language models.
 
 The figures are those of gemma 4.0.1's `gm.nn.Gemma3_*` configs and of Google's Hugging Face configs
 (tests/trainer/test_gemma3.py compares them with gemma's). Every Gemma 3 layer has QK-norm, pre and
@@ -78,3 +79,47 @@ def tiny(vocab_size: int) -> Gemma3Config:
     as the pattern gives)."""
     return Gemma3Config(num_embed=vocab_size, embed_dim=128, hidden_dim=512, num_heads=4, head_dim=32, num_kv_heads=1,
                         num_layers=4, sliding_window_size=64, query_pre_attn_scalar=32)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VisionConfig:
+    """Gemma 3's SigLIP image encoder and its soft tokens (Hugging Face's vision_config and mm_tokens_per_image;
+    the defaults are those of 4b, 12b and 27b). An image [image_size, image_size, 3], normalised to [-1, 1] as
+    the processor does, is cut into patches of patch_size pixels; the encoder's outputs are average-pooled to
+    `soft_tokens` vectors, which the projector maps into the text embedding at the text's image tokens."""
+
+    image_size: int = 896
+    patch_size: int = 14
+    width: int = 1152  # the encoder's hidden size
+    depth: int = 27
+    mlp_dim: int = 4304
+    num_heads: int = 16
+    soft_tokens: int = 256  # an image's tokens in the text
+    image_token_id: int = 262_144  # the token a soft token takes the place of (past the text vocabulary)
+
+    def __post_init__(self):
+        side = self.image_size // self.patch_size
+        pooled_side = round(self.soft_tokens**0.5)
+        if self.image_size % self.patch_size or pooled_side**2 != self.soft_tokens or side % pooled_side:
+            raise ValueError(f"a {self.image_size}-pixel image of {self.patch_size}-pixel patches does not pool to "
+                             f"{self.soft_tokens} soft tokens (a square whose side divides the patches' side)")
+        if self.width % self.num_heads:
+            raise ValueError(f"width {self.width} must be a multiple of num_heads {self.num_heads}")
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def pooling(self) -> int:
+        """The side of the square of patches one soft token averages."""
+        return self.patches_per_side // round(self.soft_tokens**0.5)
+
+
+SIGLIP = VisionConfig()
+
+
+def tiny_vision(*, image_token_id: int) -> VisionConfig:
+    """A SigLIP small enough for CPU tests: 56-pixel images, 16 patches pooled to 4 soft tokens."""
+    return VisionConfig(image_size=56, patch_size=14, width=32, depth=2, mlp_dim=48, num_heads=2, soft_tokens=4,
+                        image_token_id=image_token_id)

@@ -9,6 +9,11 @@ only earlier tokens of its own segment (and, in a local layer, only the last `sl
 and "flash" (GPU) run Pallas kernels that read the segment ids and the window, so no [L, L] tensor
 exists (trainer.nn.layers). `options.remat` rematerialises each block.
 
+With `vision` (a VisionConfig) the model also takes images (trainer.gemma3.vision): their soft tokens
+replace the embeddings of the image tokens, and Gemma 3's attention rule adds that an image's tokens see
+each other both ways (still within their document and window). No kernel takes that data-dependent block,
+so a batch with images runs every layer's attention dense, whatever `options.attention` says.
+
 LoRA (`lora_rank`): every projection weight W of a block gets factors A (W's input axes, rank) and
 B (rank, W's output axes), B starting at zero, in the tree places gemma's `gm.nn.LoRA` gives them.
 """
@@ -24,7 +29,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from trainer.nn import layers
-from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config
+from trainer.gemma3 import vision as vision_lib
+from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config, VisionConfig
 
 LORA = "lora"  # the scope of an adapter's factors, as gemma names it
 MASKED = -2.3819763e38  # a masked attention logit (gemma's value: its exp underflows in bfloat16 too)
@@ -124,18 +130,23 @@ def rope(x, positions, *, base_frequency: int, scale_factor: float):
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
 
 
-def packed_mask(segment_ids):
-    """[B, L] segment ids -> [B, L, L] bool: query i sees key j <= i of the same segment."""
+def packed_mask(segment_ids, image_ids=None):
+    """[B, L] segment ids -> [B, L, L] bool: query i sees key j <= i of the same segment; given image_ids
+    (trainer.gemma3.vision.image_ids), an image's tokens also see every token of their image."""
     length = segment_ids.shape[-1]
-    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & jnp.tril(jnp.ones((length, length), bool))
+    seen = jnp.tril(jnp.ones((length, length), bool))
+    if image_ids is not None:
+        seen = seen | ((image_ids[:, :, None] == image_ids[:, None, :]) & (image_ids[:, :, None] > 0))
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & seen
 
 
-def dense_attention(query, key, value, positions, segment_ids, *, window: int | None):
+def dense_attention(query, key, value, positions, segment_ids, *, window: int | None, image_ids=None):
     """query [B, L, N, H] (already scaled), key/value [B, L, K, H] -> [B, L, N, H], through the [B, L, L]
-    mask of packed rows (same segment, causal, and within `window` positions for a local layer)."""
+    mask of packed rows (same segment, causal or within one image, and within `window` positions for a
+    local layer)."""
     batch, length, heads, head_dim = query.shape
     kv_heads = key.shape[2]
-    mask = packed_mask(segment_ids)
+    mask = packed_mask(segment_ids, image_ids)
     if window is not None:
         mask &= positions[:, None, :] > positions[:, :, None] - window
     grouped = query.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
@@ -146,17 +157,24 @@ def dense_attention(query, key, value, positions, segment_ids, *, window: int | 
 
 
 class Embedder(nn.Module):
-    """The token embedding, scaled by sqrt(embed_dim); the loss head decodes with the same table."""
+    """The token embedding, scaled by sqrt(embed_dim); the loss head decodes with the same table. Given an
+    image encoder's soft tokens [B, M, T, W], they take the place of the image tokens (`is_image`), after
+    the projector that gemma keeps in this scope: an RMS norm and a [W, D] projection, unscaled."""
 
     vocab_size: int
     embed_dim: int
     dtype: Any
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens, soft_tokens=None, is_image=None):
         table = self.param("input_embedding", nn.initializers.normal(), (self.vocab_size, self.embed_dim), self.dtype)
-        x = table[tokens]
-        return x * jnp.sqrt(self.embed_dim).astype(x.dtype)
+        if soft_tokens is None:
+            x = table[tokens]
+            return x * jnp.sqrt(self.embed_dim).astype(x.dtype)
+        x = table[jnp.where(is_image, 0, tokens)]  # an image token may lie past the table
+        soft = RMSNorm(self.dtype, name="mm_soft_embedding_norm")(soft_tokens)
+        soft = Einsum((soft.shape[-1], self.embed_dim), self.dtype, name="mm_input_projection")("...W,WD->...D", soft)
+        return vision_lib.merged(x * jnp.sqrt(self.embed_dim).astype(x.dtype), soft, is_image)
 
 
 class _Module(nn.Module):
@@ -170,7 +188,7 @@ class SelfAttention(_Module):
     options: layers.LayerOptions = layers.LayerOptions()
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids):
+    def __call__(self, x, positions, segment_ids, image_ids=None):
         c, dtype, rank = self.config, self.dtype, self.lora_rank
         query = Einsum((c.num_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="q_einsum")("BTD,NDH->BTNH", x)
         key, value = Einsum((2, c.num_kv_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="kv_einsum")(
@@ -180,10 +198,10 @@ class SelfAttention(_Module):
         query = rope(query, positions, base_frequency=base_frequency, scale_factor=scale_factor) * c.query_pre_attn_scalar**-0.5
         key = rope(key, positions, base_frequency=base_frequency, scale_factor=scale_factor)
         window = c.sliding_window_size if self.kind is Attention.LOCAL else None
-        if self.options.attention in layers.KERNELS:
+        if self.options.attention in layers.KERNELS and image_ids is None:
             encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window)
         else:
-            encoded = dense_attention(query, key, value, positions, segment_ids, window=window)
+            encoded = dense_attention(query, key, value, positions, segment_ids, window=window, image_ids=image_ids)
         return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, self.options, name="attn_vec_einsum")(
             "BTNH,NHD->BTD", encoded)
 
@@ -217,29 +235,39 @@ class Block(_Module):
     options: layers.LayerOptions = layers.LayerOptions()
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids):
+    def __call__(self, x, positions, segment_ids, image_ids=None):
         common = dict(config=self.config, dtype=self.dtype, lora_rank=self.lora_rank)
         attended = SelfAttention(**common, kind=self.kind, options=self.options, name="attn")(
-            RMSNorm(self.dtype, name="pre_attention_norm")(x), positions, segment_ids)
+            RMSNorm(self.dtype, name="pre_attention_norm")(x), positions, segment_ids, image_ids)
         x = x + RMSNorm(self.dtype, name="post_attention_norm")(attended)
         fed = FeedForward(**common, options=self.options, name="mlp")(RMSNorm(self.dtype, name="pre_ffw_norm")(x))
         return x + RMSNorm(self.dtype, name="post_ffw_norm")(fed)
 
 
 class Transformer(_Module):
-    """Token ids [B, L] -> final hidden states [B, L, D]. `dtype` is the parameters' (and so the
-    computation's) dtype."""
+    """Token ids [B, L] (and, with `vision`, images [B, M, size, size, 3]) -> final hidden states [B, L, D].
+    `dtype` is the parameters' (and so the computation's) dtype."""
+
+    vision: VisionConfig | None = None
 
     @nn.compact
-    def __call__(self, tokens, positions=None, segment_ids=None, *, options: layers.LayerOptions = layers.LayerOptions()):
+    def __call__(self, tokens, positions=None, segment_ids=None, images=None, *,
+                 options: layers.LayerOptions = layers.LayerOptions()):
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         if segment_ids is None:
             segment_ids = jnp.ones_like(tokens)
-        x = Embedder(self.config.num_embed, self.config.embed_dim, self.dtype, name="embedder")(tokens)
+        embedder = Embedder(self.config.num_embed, self.config.embed_dim, self.dtype, name="embedder")
+        image_ids = None
+        if images is None:
+            x = embedder(tokens)
+        else:
+            is_image = tokens == self.vision.image_token_id
+            x = embedder(tokens, vision_lib.VisionEncoder(self.vision, self.dtype, name="vision_encoder")(images), is_image)
+            image_ids = vision_lib.image_ids(is_image)
         policy = layers.REMAT_POLICIES[options.remat]
         block = nn.remat(Block, policy=policy) if policy else Block
         for i, kind in enumerate(self.config.attention_types):
             x = block(config=self.config, dtype=self.dtype, lora_rank=self.lora_rank, kind=kind, options=options,
-                      name=f"layer_{i}")(x, positions, segment_ids)
+                      name=f"layer_{i}")(x, positions, segment_ids, image_ids)
         return RMSNorm(self.dtype, name="final_norm")(x)

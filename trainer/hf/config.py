@@ -1,4 +1,5 @@
-"""A Gemma 3 text architecture (trainer.gemma3.config) as Hugging Face's `config.json` (Gemma3ForCausalLM).
+"""A Gemma 3 text architecture (trainer.gemma3.config) as Hugging Face's `config.json` (Gemma3ForCausalLM), and
+the image encoder of a Gemma3ForConditionalGeneration's config.json as a VisionConfig.
 
 The keys are those of Google's published Gemma 3 text configs (rope_theta, rope_local_base_freq,
 rope_scaling, layer_types), which transformers 4.5x reads as they are and transformers 5 converts
@@ -7,7 +8,7 @@ into its rope_parameters: a serving stack of either generation loads the export.
 
 from __future__ import annotations
 
-from trainer.gemma3.config import Gemma3Config
+from trainer.gemma3.config import Gemma3Config, VisionConfig
 
 
 def model_config_json(config: Gemma3Config, *, dtype: str, bos_id: int, eos_id: int, pad_id: int) -> dict:
@@ -79,3 +80,23 @@ def architecture(text_config: dict) -> dict:
         "rope_scaling_factor": float(rope["full_attention"].get("factor") or 1.0),
         "final_logit_softcapping": None if softcap is None else float(softcap),
     }
+
+
+# SiglipVisionConfig's defaults and Gemma3Config's (transformers 4.5x and 5 alike), which a saved config may leave out.
+VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                   "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
+MULTIMODAL_DEFAULTS = {"mm_tokens_per_image": 256, "image_token_index": 262_144}
+
+
+def vision_config(config: dict) -> VisionConfig:
+    """The image encoder of a Gemma3ForConditionalGeneration config.json (transformers 4.5x or 5). Raises
+    ValueError for one this trainer's encoder does not compute."""
+    vision = {**VISION_DEFAULTS, **(config.get("vision_config") or {})}
+    if vision["hidden_act"] != "gelu_pytorch_tanh" or float(vision["layer_norm_eps"]) != 1e-6:
+        raise ValueError(f"vision_config's hidden_act {vision['hidden_act']!r} and layer_norm_eps {vision['layer_norm_eps']} "
+                         "are not Gemma 3's (gelu_pytorch_tanh, 1e-06)")
+    top = {**MULTIMODAL_DEFAULTS, **config}
+    return VisionConfig(image_size=vision["image_size"], patch_size=vision["patch_size"], width=vision["hidden_size"],
+                        depth=vision["num_hidden_layers"], mlp_dim=vision["intermediate_size"],
+                        num_heads=vision["num_attention_heads"], soft_tokens=top["mm_tokens_per_image"],
+                        image_token_id=config.get("image_token_id", top["image_token_index"]))

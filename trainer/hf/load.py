@@ -2,8 +2,9 @@
 (`--weights HF_DIR`, `--lora-weights ADAPTER_DIR`; local or gs://).
 
 A model directory is config.json with model.safetensors, or shards named by
-model.safetensors.index.json; Gemma3ForCausalLM, or the text part of Gemma3ForConditionalGeneration
-(its `language_model.` names; the vision tower is not read). An adapter directory is what PEFT and
+model.safetensors.index.json; Gemma3ForCausalLM, or Gemma3ForConditionalGeneration: its text part (the
+`language_model.` names) alone for a text model, and its vision tower and projector too for a
+vision-language one (a VisionConfig given). An adapter directory is what PEFT and
 `trainer.export --lora-export adapter` write: adapter_config.json with adapter_model.safetensors.
 Everything a user can get wrong is checked from config.json and the files' headers before a weight
 is read. The weights go straight into the run's shardings: each process reads the rows of its
@@ -12,6 +13,7 @@ blocks only (trainer.hf.weights says which), as float32 masters whatever the sto
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -34,6 +36,13 @@ MULTIMODAL_MODEL = "Gemma3ForConditionalGeneration"
 MODEL_TYPES = ("gemma3_text", "gemma3")
 # Where transformers keeps the text model's `model.` names: its own, 5's multimodal class, 4.5x's.
 TEXT_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+# Where each part's names (trainer.hf.weights) may be stored: Google's checkpoints and transformers 4.5x write
+# the first; transformers 5 (in memory, and on disk at 5.23) the others.
+STORED_PREFIXES = {
+    hf_weights.VISION_TOWER: (hf_weights.VISION_TOWER, "vision_tower.", "model.vision_tower.vision_model.", "model.vision_tower."),
+    hf_weights.PROJECTOR: (hf_weights.PROJECTOR, "model.multi_modal_projector."),
+    "model.": TEXT_PREFIXES,
+}
 # Weights besides the ones a PEFT adapter of this trainer's LoRA has, that it cannot take on.
 _UNSUPPORTED_ADAPTER = {"rank_pattern": "per-module ranks", "alpha_pattern": "per-module alphas",
                         "layers_to_transform": "adapters on some layers only", "use_dora": "DoRA",
@@ -87,12 +96,13 @@ class _Tensors:
         return sum(file.bytes_read for file in set(self.location.values()))
 
     def stored_name(self, name: str, prefix: str) -> str:
-        """Where the table's `prefix`-`model.`... name is stored: with the text model's own prefix, or a
-        multimodal model's."""
-        rest = name.removeprefix(prefix).removeprefix("model.")
-        for text_prefix in TEXT_PREFIXES:
-            if prefix + text_prefix + rest in self.location:
-                return prefix + text_prefix + rest
+        """Where the table's `prefix`-`model.`... name (or vision tower's, or projector's) is stored: with the
+        text model's own prefix, or a multimodal model's, of either transformers generation."""
+        name = name.removeprefix(prefix)
+        part = next(start for start in STORED_PREFIXES if name.startswith(start))
+        for stored_prefix in STORED_PREFIXES[part]:
+            if prefix + stored_prefix + name.removeprefix(part) in self.location:
+                return prefix + stored_prefix + name.removeprefix(part)
         raise UserError(f"{self.flag} {self.directory}: has no tensor {name} (nor its multimodal name); "
                         "is it a complete Gemma 3 checkpoint?")
 
@@ -162,6 +172,7 @@ class ModelDirectory:
             raise UserError(f"{flag} {path}: not a Gemma 3 model (config.json: architectures {architectures}, model_type "
                             f"{model_type!r}); give a {TEXT_MODEL} or {MULTIMODAL_MODEL} directory")
         self.multimodal = model_type == "gemma3"
+        self.config = config
         self.text_config = (config.get("text_config") or {}) if self.multimodal else config
         if not isinstance(self.text_config, dict):
             raise UserError(f"{flag} {path}: config.json's text_config is not an object")
@@ -171,9 +182,11 @@ class ModelDirectory:
             files = [SINGLE]
         self.tensors = _Tensors(path, files, flag)
 
-    def check(self, model_name: str, model_config, expected, *, tokenizer: str | None = None, vocab_size: int | None = None) -> None:
-        """One line for the first way the directory does not fit `--model model_name` (and its tokenizer);
-        `expected` is the model's parameter tree as shapes (trainer.model.models.check_weights)."""
+    def check(self, model_name: str, model_config, expected, *, tokenizer: str | None = None, vocab_size: int | None = None,
+              vision=None) -> None:
+        """One line for the first way the directory does not fit `--model model_name` (and its tokenizer, and
+        its image encoder `vision`); `expected` is the model's parameter tree as shapes
+        (trainer.model.models.check_weights)."""
         ours = hf_config.architecture(hf_config.model_config_json(model_config, dtype="float32", bos_id=0, eos_id=0, pad_id=0))
         try:
             theirs = hf_config.architecture(self.text_config)
@@ -191,17 +204,37 @@ class ModelDirectory:
             with_tokenizer = f" with --tokenizer {tokenizer} ({vocab_size} pieces)" if tokenizer else ""
             raise UserError(f"{self.flag} {self.path}: its embedding has {rows} rows, --model {model_name}{with_tokenizer} "
                             f"has {model_config.num_embed}; use the tokenizer the checkpoint was trained with")
+        if vision is not None:
+            self._check_vision(model_name, vision)
         abstract = expected
-        for tensor in hf_weights.model_tensors(model_config):
+        for tensor in _model_tensors(model_config, vision):
             stored = self.tensors.stored_name(tensor.name, "")
             shape = tuple(hf_weights.lookup(abstract, tensor.source).shape)
             if tensor.name == hf_weights.EMBEDDING:
                 shape = (rows, *shape[1:])
             self.tensors.check_shape(tensor, stored, shape, f"--model {model_name}")
 
-    def load(self, model_config, expected, shardings):
-        """The plain gm tree `expected` (ShapeDtypeStructs) of float32 arrays in `shardings`."""
-        return self.tensors.load(hf_weights.model_tensors(model_config), "", expected, shardings, lambda name: 1.0)
+    def _check_vision(self, model_name: str, vision) -> None:
+        if not self.multimodal:
+            raise UserError(f"{self.flag} {self.path}: a text-only Gemma 3 ({TEXT_MODEL}), --model {model_name} reads images; "
+                            f"give a {MULTIMODAL_MODEL} directory")
+        try:
+            theirs = hf_config.vision_config(self.config)
+        except (TypeError, ValueError, AttributeError) as error:
+            raise UserError(f"{self.flag} {self.path}: config.json's image encoder is none this trainer reads ({error})") from None
+        for field in dataclasses.fields(vision):
+            if getattr(theirs, field.name) != getattr(vision, field.name):
+                raise UserError(f"{self.flag} {self.path}: its image encoder's {field.name} is {getattr(theirs, field.name)}, "
+                                f"--model {model_name} has {getattr(vision, field.name)}; pass the --model the checkpoint is")
+
+    def load(self, model_config, expected, shardings, *, vision=None):
+        """The plain gm tree `expected` (ShapeDtypeStructs) of float32 arrays in `shardings` (with the image
+        encoder and projector, given `vision`)."""
+        return self.tensors.load(_model_tensors(model_config, vision), "", expected, shardings, lambda name: 1.0)
+
+
+def _model_tensors(model_config, vision) -> list[hf_weights.Tensor]:
+    return hf_weights.model_tensors(model_config) + (hf_weights.vision_tensors(vision) if vision is not None else [])
 
 
 class AdapterDirectory:

@@ -1,4 +1,5 @@
-"""Where each Gemma 3 weight (trainer.gemma3, gemma's tree) goes in Hugging Face's Gemma3ForCausalLM, and LoRA adapters in PEFT's.
+"""Where each Gemma 3 weight (trainer.gemma3, gemma's tree) goes in Hugging Face's Gemma3ForCausalLM (and the
+image encoder and projector in Gemma3ForConditionalGeneration), and LoRA adapters in PEFT's.
 
 One table serves both directions: trainer.export writes a run's tree with it, trainer.hf.load reads
 a Hugging Face directory back into one.
@@ -9,6 +10,12 @@ gating_einsum [gate|up, hidden, embed], linear [hidden, embed]); torch's nn.Line
 with the heads flattened head-major. Norm scales are stored the same way in both (both apply
 x * (1 + scale)), and both scale the embedding by sqrt(embed_dim) themselves; the output layer is
 the tied embedding.
+
+The image encoder is flax's: a Dense kernel is [in, out axes...] (attention's query, key and value
+[width, heads, head_dim], their biases [heads, head_dim]), the patch convolution [kh, kw, in, out] where
+torch's is [out, in, kh, kw]; the position embedding has a leading axis of 1. Our names of the vision
+tower's and projector's tensors are Google's published ones (`vision_tower.vision_model.`,
+`multi_modal_projector.`); trainer.hf.load also finds them where transformers 5 saves them.
 
 Our LoRA (gemma's tree) gives every einsum weight one A over the weight's input axes and one B over
 its output axes, delta = A @ B with no scaling. A fused weight (kv_einsum, gating_einsum) thus has
@@ -55,11 +62,20 @@ HEADS_OUT = Layout(lambda w: w.transpose(0, 2, 1).reshape(-1, w.shape[1]),
 HEADS_IN = Layout(lambda w: w.reshape(-1, w.shape[-1]).T, lambda t, shape: t.T.reshape(shape), row_axis=2)
 # [hidden, embed] <-> [embed, hidden]
 TRANSPOSE = Layout(lambda w: w.T, lambda t, shape: t.T.reshape(shape), row_axis=1)
+# [1, rows, width] <-> [rows, width]
+LEADING_ONE = Layout(lambda w: w[0], lambda t, shape: t.reshape(shape), row_axis=1)
+# [out axes...] <-> [out], flattened: a bias of heads
+FLAT = Layout(lambda w: w.reshape(-1), lambda t, shape: t.reshape(shape), row_axis=0,
+              rows_per_index=lambda shape: math.prod(shape[1:]))
+# a convolution's [kh, kw, in, out] <-> torch's [out, in, kh, kw]
+CONVOLUTION = Layout(lambda w: w.transpose(3, 2, 0, 1), lambda t, shape: t.transpose(2, 3, 1, 0).reshape(shape), row_axis=3)
 # LoRA A [input axes..., r] <-> PEFT's lora_A [r, inputs]
 A_RANK_LAST = Layout(lambda a: a.reshape(-1, a.shape[-1]).T, lambda t, shape: t.T.reshape(shape), row_axis=-1)
-# LoRA B [r, output axes...] <-> PEFT's lora_B [outputs, r]
-B_RANK_FIRST = Layout(lambda b: b.reshape(b.shape[0], -1).T, lambda t, shape: t.T.reshape(shape), row_axis=1,
-                      rows_per_index=lambda shape: math.prod(shape[2:]))
+# A flax Dense kernel [in, output axes...] <-> torch's [outputs, in]; LoRA B [r, output axes...] <-> PEFT's lora_B
+# [outputs, r] the same
+INPUT_FIRST = Layout(lambda b: b.reshape(b.shape[0], -1).T, lambda t, shape: t.T.reshape(shape), row_axis=1,
+                     rows_per_index=lambda shape: math.prod(shape[2:]))
+B_RANK_FIRST = INPUT_FIRST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +126,46 @@ def model_tensors(config) -> list[Tensor]:
             Tensor(name + "mlp.gate_proj.weight", (layer, "mlp", "gating_einsum"), SAME, (0, 0)),  # [2, hidden, embed]: [out, in]
             Tensor(name + "mlp.up_proj.weight", (layer, "mlp", "gating_einsum"), SAME, (0, 1)),
             Tensor(name + "mlp.down_proj.weight", (layer, "mlp", "linear"), TRANSPOSE),
+        ]
+    return tensors
+
+
+VISION_TOWER = "vision_tower.vision_model."
+PROJECTOR = "multi_modal_projector."
+
+
+def vision_tensors(vision) -> list[Tensor]:
+    """Every tensor of Gemma3ForConditionalGeneration's vision tower and projector, for a VisionConfig."""
+    encoder = ("vision_encoder", "siglip_encoder")
+    tensors = [
+        Tensor(PROJECTOR + "mm_input_projection_weight", ("embedder", "mm_input_projection", "w"), SAME),
+        Tensor(PROJECTOR + "mm_soft_emb_norm.weight", ("embedder", "mm_soft_embedding_norm", "scale"), SAME),
+        Tensor(VISION_TOWER + "embeddings.patch_embedding.weight", (*encoder, "embedding", "kernel"), CONVOLUTION),
+        Tensor(VISION_TOWER + "embeddings.patch_embedding.bias", (*encoder, "embedding", "bias"), SAME),
+        Tensor(VISION_TOWER + "embeddings.position_embedding.weight", (*encoder, "pos_embedding"), LEADING_ONE),
+        Tensor(VISION_TOWER + "post_layernorm.weight", (*encoder, "Transformer", "encoder_norm", "scale"), SAME),
+        Tensor(VISION_TOWER + "post_layernorm.bias", (*encoder, "Transformer", "encoder_norm", "bias"), SAME),
+    ]
+    for i in range(vision.depth):
+        block, name = (*encoder, "Transformer", f"encoderblock_{i}"), f"{VISION_TOWER}encoder.layers.{i}."
+        attention = (*block, "MultiHeadDotProductAttention_0")
+        tensors += [
+            Tensor(name + "layer_norm1.weight", (*block, "LayerNorm_0", "scale"), SAME),
+            Tensor(name + "layer_norm1.bias", (*block, "LayerNorm_0", "bias"), SAME),
+            Tensor(name + "self_attn.q_proj.weight", (*attention, "query", "kernel"), INPUT_FIRST),
+            Tensor(name + "self_attn.q_proj.bias", (*attention, "query", "bias"), FLAT),
+            Tensor(name + "self_attn.k_proj.weight", (*attention, "key", "kernel"), INPUT_FIRST),
+            Tensor(name + "self_attn.k_proj.bias", (*attention, "key", "bias"), FLAT),
+            Tensor(name + "self_attn.v_proj.weight", (*attention, "value", "kernel"), INPUT_FIRST),
+            Tensor(name + "self_attn.v_proj.bias", (*attention, "value", "bias"), FLAT),
+            Tensor(name + "self_attn.out_proj.weight", (*attention, "out", "kernel"), HEADS_IN),  # [heads, head_dim, width]
+            Tensor(name + "self_attn.out_proj.bias", (*attention, "out", "bias"), SAME),
+            Tensor(name + "layer_norm2.weight", (*block, "LayerNorm_1", "scale"), SAME),
+            Tensor(name + "layer_norm2.bias", (*block, "LayerNorm_1", "bias"), SAME),
+            Tensor(name + "mlp.fc1.weight", (*block, "MlpBlock_0", "Dense_0", "kernel"), INPUT_FIRST),
+            Tensor(name + "mlp.fc1.bias", (*block, "MlpBlock_0", "Dense_0", "bias"), SAME),
+            Tensor(name + "mlp.fc2.weight", (*block, "MlpBlock_0", "Dense_1", "kernel"), INPUT_FIRST),
+            Tensor(name + "mlp.fc2.bias", (*block, "MlpBlock_0", "Dense_1", "bias"), SAME),
         ]
     return tensors
 

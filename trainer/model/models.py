@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
 from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
-from trainer.gemma3.config import Gemma3Config
+from trainer.gemma3.config import Gemma3Config, VisionConfig
 from trainer.gemma3.model import LORA, Transformer
 from trainer.hf import load as hf_load
 from trainer.model import params_io
@@ -46,13 +46,18 @@ def official_checkpoint(name: str) -> str:
     return params_io.OFFICIAL_CHECKPOINTS[name]
 
 
-def build_model(config: Gemma3Config, *, dtype, lora_rank: int = 0) -> Transformer:
-    """The flax module; `dtype` is the dtype its parameters (and hence its computation) have."""
-    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank)
+def build_model(config: Gemma3Config, *, dtype, lora_rank: int = 0, vision: VisionConfig | None = None) -> Transformer:
+    """The flax module; `dtype` is the dtype its parameters (and hence its computation) have; `vision`, the
+    image encoder of a vision-language model."""
+    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank, vision=vision)
 
 
-def _dummy_tokens() -> jax.Array:
-    return jnp.ones((1, 8), jnp.int32)
+def _dummy_inputs(vision: VisionConfig | None) -> tuple[jax.Array, ...]:
+    """What the model is initialised on: tokens, and one image a row for a vision-language model."""
+    tokens = jnp.ones((1, 8), jnp.int32)
+    if vision is None:
+        return (tokens,)
+    return tokens, None, None, jnp.zeros((1, 1, vision.image_size, vision.image_size, 3), jnp.float32)
 
 
 # Initialisation is compiled and run once a run. On CPU, LLVM's optimisation of its random-number code was
@@ -70,12 +75,14 @@ def _initialised(init: Callable, seed: int, out_shardings: Callable | None) -> P
     return jax.jit(init, out_shardings=shardings, compiler_options=options)(key)
 
 
-def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None) -> Params:
-    """Random float32 parameters (base + adapters when lora_rank), created already sharded."""
-    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
+def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None,
+                vision: VisionConfig | None = None) -> Params:
+    """Random float32 parameters (base + adapters when lora_rank; the image encoder and projector with
+    `vision`), created already sharded."""
+    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank, vision=vision)
 
     def init(key):
-        return model.init(key, _dummy_tokens())["params"]
+        return model.init(key, *_dummy_inputs(vision))["params"]
 
     return _initialised(init, seed, out_shardings)
 
@@ -85,7 +92,7 @@ def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable 
     model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
 
     def init(key):
-        return adapters_only(model.init(key, _dummy_tokens())["params"])  # the base weights are dead code here
+        return adapters_only(model.init(key, *_dummy_inputs(None))["params"])  # the base weights are dead code here
 
     return _initialised(init, seed, out_shardings)
 

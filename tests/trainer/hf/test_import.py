@@ -9,6 +9,8 @@ transformers and peft run in .venv-hf (tests/hf_check.py, one subprocess); witho
 import dataclasses
 import json
 import pathlib
+import re
+import shutil
 import subprocess
 
 import jax
@@ -22,6 +24,7 @@ from trainer.model import models
 from trainer.config import parse_config
 from trainer.errors import UserError
 from trainer import export
+from trainer.gemma3 import config as gemma3_config
 from trainer.hf import config as hf_config, load as hf_load, weights as hf_weights
 
 RANK = 4
@@ -31,11 +34,11 @@ def one_device(tree):
     return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), tree)
 
 
-def load_model(directory, config, name="tiny"):
+def load_model(directory, config, name="tiny", vision=None):
     found = hf_load.ModelDirectory(str(directory))
-    expected = jax.eval_shape(lambda: models.init_params(config, seed=0))
-    found.check(name, config, expected)
-    return found.load(config, expected, one_device(expected))
+    expected = jax.eval_shape(lambda: models.init_params(config, seed=0, vision=vision))
+    found.check(name, config, expected, vision=vision)
+    return found.load(config, expected, one_device(expected), vision=vision)
 
 
 def load_adapter(directory, config):
@@ -134,21 +137,43 @@ def made(tmp_path_factory, tokenizer):
         "head_dim", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types", "rope_theta",
         "rope_local_base_freq", "rope_scaling", "final_logit_softcapping")}
     tokens = random_tokens(config.num_embed, 40, seed=5)
+    vision = gemma3_config.tiny_vision(image_token_id=config.num_embed)
+    pixel_values = np.random.default_rng(6).uniform(-1, 1, (2 * 2, 3, vision.image_size, vision.image_size)).astype(np.float32)
+    np.save(root / "pixel_values.npy", pixel_values)
+    images = {"pixel_values": str(root / "pixel_values.npy"), "mm_tokens_per_image": vision.soft_tokens,
+              "image_token_index": vision.image_token_id,
+              "vision_config": {"hidden_size": vision.width, "intermediate_size": vision.mlp_dim, "num_hidden_layers": vision.depth,
+                                "num_attention_heads": vision.num_heads, "image_size": vision.image_size,
+                                "patch_size": vision.patch_size, "vision_use_head": False}}
     cases = {
         "causal": {"multimodal": False},
         "multimodal": {"multimodal": True},
+        "vision": {"multimodal": True, "images": images, "tokens": with_images(tokens, vision).tolist()},
         "sharded": {"multimodal": False, "max_shard_size": "200KB",
                     "adapter": {"r": RANK, "lora_alpha": 2 * RANK, "share_a": True, "out": str(root / "adapter")}},
         "unshared": {"multimodal": False, "adapter": {"r": RANK, "lora_alpha": RANK, "share_a": False,
                                                        "out": str(root / "unshared_adapter")}},
     }
-    plan = {"made": [{**case, "text_config": text_config, "out": str(root / name), "tokens": tokens.tolist(),
+    plan = {"made": [{"tokens": tokens.tolist(), **case, "text_config": text_config, "out": str(root / name),
                       "logits": str(root / f"{name}.npy")} for name, case in cases.items()]}
     (root / "plan.json").write_text(json.dumps(plan))
     result = subprocess.run([HF_PYTHON, str(REPO / "tests" / "hf_check.py"), str(root / "plan.json")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    return dict(root=root, config=config, tokens=tokens, hf={name: np.load(root / f"{name}.npy") for name in cases})
+    return dict(root=root, config=config, tokens=tokens, hf={name: np.load(root / f"{name}.npy") for name in cases},
+                vision=vision, vision_tokens=np.asarray(cases["vision"]["tokens"]),
+                images=pixel_values.reshape(2, 2, *pixel_values.shape[1:]).transpose(0, 1, 3, 4, 2))
+
+
+def with_images(tokens, vision, start=5, end=6):
+    """Rows with two images each: <start_of_image>, the image's tokens, <end_of_image>, between text
+    (`start` and `end` stand for the markers, which are text tokens to the model)."""
+    rows = tokens.copy()
+    for offset in (8, 24):
+        rows[:, offset] = start
+        rows[:, offset + 1: offset + 1 + vision.soft_tokens] = vision.image_token_id
+        rows[:, offset + 1 + vision.soft_tokens] = end
+    return rows
 
 
 @pytest.mark.parametrize("name", ["causal", "multimodal"])
@@ -159,6 +184,46 @@ def test_a_transformers_gemma3_gives_transformers_logits(made, name):
     difference = max_diff(jax_logits(made["config"], params, made["tokens"]), made["hf"][name])
     print(f"{name}: max abs logit difference {difference:.2e}")
     assert difference < TOLERANCE
+
+
+def test_a_transformers_gemma3_with_images_gives_transformers_logits(made):
+    """The vision tower, the projector, the soft tokens at the image tokens and the bidirectional attention
+    among an image's tokens, against transformers' Gemma3ForConditionalGeneration given pixel values."""
+    vision, tokens = made["vision"], made["vision_tokens"]
+    params = load_model(made["root"] / "vision", made["config"], vision=vision)
+    logits = jax_logits(made["config"], params, tokens, vision=vision, images=made["images"])
+    difference = max_diff(logits, made["hf"]["vision"])
+    print(f"images: max abs logit difference {difference:.2e}")
+    assert difference < TOLERANCE
+    # the text after an image reads it: other pixels change the logits past the first image
+    other = jax_logits(made["config"], params, tokens, vision=vision, images=made["images"][:, ::-1])
+    assert max_diff(other[:, 9:], logits[:, 9:]) > 100 * TOLERANCE
+
+
+def test_googles_names_of_the_vision_tower_read_the_same(made, tmp_path):
+    """Google's published checkpoints keep the tower under `vision_tower.vision_model.` (transformers 5.23 saves
+    it under `vision_tower.`): the same tensors under those names load the same weights."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(made["root"] / "vision" / "model.safetensors")
+    assert any(name.startswith("vision_tower.encoder.") for name in tensors)
+    renamed = {name.replace("vision_tower.", "vision_tower.vision_model.", 1): value for name, value in tensors.items()}
+    (tmp_path / "google").mkdir()
+    shutil.copy(made["root"] / "vision" / "config.json", tmp_path / "google")
+    save_file(renamed, tmp_path / "google" / "model.safetensors", metadata={"format": "pt"})
+    ours, theirs = (load_model(directory, made["config"], vision=made["vision"]) for directory in (tmp_path / "google", made["root"] / "vision"))
+    jax.tree.map(lambda got, want: np.testing.assert_array_equal(np.asarray(got), np.asarray(want)), ours, theirs)
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("causal", {}, "a text-only Gemma 3 (Gemma3ForCausalLM), --model tiny reads images; give a Gemma3ForConditionalGeneration directory"),
+    ("vision", {"depth": 3}, "its image encoder's depth is 2, --model tiny has 3; pass the --model the checkpoint is"),
+    ("vision", {"soft_tokens": 16}, "its image encoder's soft_tokens is 4, --model tiny has 16; pass the --model the checkpoint is"),
+])
+def test_a_directory_that_does_not_fit_the_image_encoder_is_one_line(made, name, change, message):
+    directory = made["root"] / name
+    with pytest.raises(UserError, match=f"^--weights {directory}: {re.escape(message)}$"):
+        load_model(directory, made["config"], vision=dataclasses.replace(made["vision"], **change))
 
 
 def test_a_peft_adapter_on_a_sharded_model_gives_peft_logits(made):

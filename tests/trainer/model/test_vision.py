@@ -1,0 +1,70 @@
+"""Gemma 3 with images (trainer.gemma3.vision): the full-size encoder and projector have the gemma package's
+shapes and parameter tree (so its checkpoints keep theirs), and a packed row of documents with images
+computes what each document computes alone, with the splash kernel asked for too (a batch with images runs
+dense). Logit equality with transformers' Gemma3ForConditionalGeneration: tests/trainer/hf/test_import.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gemma.gm.nn import _modules as gemma_modules
+from gemma.gm.nn.vision import _vision as gemma_vision
+
+from trainer.gemma3 import config as gemma3_config
+from trainer.gemma3.model import Embedder
+from trainer.gemma3.vision import VisionEncoder
+from trainer.model import models
+from trainer.nn import layers
+
+
+def shapes(tree):
+    return {jax.tree_util.keystr(path): leaf.shape for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def test_the_full_size_encoder_and_projector_are_gemmas():
+    """SigLIP at 896 pixels, 14-pixel patches, 27 layers, pooled to 256 soft tokens, projected into gemma3-4b's
+    embedding: gemma's Gemma3_4B has the same tree and shapes."""
+    vision, text = gemma3_config.SIGLIP, gemma3_config.MODELS["gemma3-4b"]
+    patches = jnp.zeros((1, 1, vision.patches_per_side**2, 3 * vision.patch_size**2))
+    theirs = jax.eval_shape(lambda: gemma_vision.SigLiPFromPatches().init(jax.random.key(0), patches=patches, is_training=False))
+    images = jnp.zeros((1, 1, vision.image_size, vision.image_size, 3))
+    ours = jax.eval_shape(lambda: VisionEncoder(vision, jnp.float32).init(jax.random.key(0), images))
+    assert shapes(ours["params"]) == shapes(theirs["params"])
+    assert jax.eval_shape(lambda v: VisionEncoder(vision, jnp.float32).apply(v, images), ours).shape == (1, 1, 256, vision.width)
+
+    gemma_embedder = gemma_modules.Embedder(text.num_embed, text.embed_dim, vision_proj_dim=vision.width)
+    theirs = jax.eval_shape(lambda: gemma_embedder.init(jax.random.key(0), jnp.zeros((1, 256, vision.width)),
+                                                        method=gemma_embedder.encode_vision))
+    soft = jnp.zeros((1, 1, 256, vision.width))
+    ours = jax.eval_shape(lambda: Embedder(text.num_embed, text.embed_dim, jnp.float32).init(
+        jax.random.key(0), jnp.zeros((1, 260), jnp.int32), soft, jnp.zeros((1, 260), bool)))
+    assert shapes(ours["params"]) == shapes(theirs["params"])
+
+
+def document(rng, vision, length):
+    """A document of `length` tokens from position 0 with one image (markers 5 and 6 around its tokens)."""
+    tokens = rng.integers(7, 200, length)
+    tokens[0], tokens[3], tokens[4 + vision.soft_tokens] = 2, 5, 6
+    tokens[4: 4 + vision.soft_tokens] = vision.image_token_id
+    return tokens
+
+
+def test_a_packed_row_with_images_computes_each_document_alone():
+    """Two documents with an image each, packed in one 128-token row (the splash kernel's block) and asked to
+    run with splash: each document's hidden states are those it has alone in its own row, run dense."""
+    config = models.model_config("tiny", vocab_size=256)
+    vision = gemma3_config.tiny_vision(image_token_id=256)
+    rng = np.random.default_rng(0)
+    shapes_ = jax.eval_shape(lambda: models.init_params(config, seed=0, vision=vision))
+    params = jax.tree.map(lambda leaf: jnp.asarray(0.1 * rng.standard_normal(leaf.shape), leaf.dtype), shapes_)
+    apply = jax.jit(models.build_model(config, dtype=jnp.float32, vision=vision).apply, static_argnames="options")
+    images = rng.uniform(-1, 1, (2, 1, vision.image_size, vision.image_size, 3)).astype(np.float32)
+    first, second = document(rng, vision, 64), document(rng, vision, 64)
+
+    packed = np.concatenate([first, second])[None]
+    positions = np.concatenate([np.arange(64), np.arange(64)])[None]
+    segments = np.concatenate([np.full(64, 1), np.full(64, 2)])[None]
+    splash = layers.LayerOptions(attention="splash", interpret=True)
+    together = apply({"params": params}, packed, positions, segments, images.reshape(1, 2, *images.shape[2:]), options=splash)[0]
+    alone = apply({"params": params}, np.stack([first, second]), images=images)
+    np.testing.assert_allclose(together, alone.reshape(together.shape), atol=1e-5)
+

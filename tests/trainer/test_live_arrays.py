@@ -26,7 +26,7 @@ def _bytes(tree) -> int:
 def test_at_its_first_step_a_run_holds_only_state_frozen_weights_and_batch(tmp_path, prepared_dir, tokenizer_path,
                                                                           monkeypatch, settings):
     seen = {}
-    run = loop._StepLoop.run
+    run = loop.StepLoop.run
 
     def run_recording_the_first_step(self, state, train_batches, start_step):
         train = self.functions.train
@@ -42,7 +42,7 @@ def test_at_its_first_step_a_run_holds_only_state_frozen_weights_and_batch(tmp_p
         self.functions = dataclasses.replace(self.functions, train=first_step_recorded)
         return run(self, state, train_batches, start_step)
 
-    monkeypatch.setattr(loop._StepLoop, "run", run_recording_the_first_step)
+    monkeypatch.setattr(loop.StepLoop, "run", run_recording_the_first_step)
     config = parse_config(tiny_args(tmp_path, prepared_dir, tokenizer_path, "--steps", "1", "--eval-fraction", "0",
                                     *settings))
     before = {id(a) for a in jax.live_arrays()}  # what other tests in this process keep is not the run's

@@ -3,7 +3,8 @@
 Runs in .venv-hf (Python 3.11, CPU torch; requirements-hf.txt), never in the trainer's environment:
 tests/trainer/hf/test_export.py writes a plan, runs `HF_PYTHON tests/hf_check.py PLAN`, and compares
 the results with the JAX model. The plan (JSON):
-  {"models": [{"model": DIR, "adapter": DIR or null, "tokens": [[id, ...], ...], "out": FILE.npy}, ...],
+  {"models": [{"model": DIR, "adapter": DIR or null, "tokens": [[id, ...], ...], "out": FILE.npy,
+               "images": {"pixel_values": FILE.npy, "image_token_index": ID} or absent}, ...],
    "tokenizers": [{"dir": DIR, "text": STR, "messages": [...] or null, "out": FILE.json}, ...]}
 Each model's float32 logits [rows, tokens, vocab] go to its .npy (positions 0.., no padding); each
 tokenizer's ids of `text` (with and without special tokens) and, given messages, its chat
@@ -26,7 +27,17 @@ import torch
 import transformers
 
 
-def logits(model_dir: str, adapter_dir: str | None, tokens: list[list[int]]) -> np.ndarray:
+def inputs(tokens: list[list[int]], images: dict | None) -> dict:
+    """The model's inputs: token ids and, given images, their pixel values and which tokens are images' (token_type_ids,
+    as the processor gives them: those tokens see their whole image)."""
+    ids = torch.tensor(tokens)
+    if not images:
+        return {"input_ids": ids}
+    return {"input_ids": ids, "pixel_values": torch.tensor(np.load(images["pixel_values"])),
+            "token_type_ids": (ids == images["image_token_index"]).long()}
+
+
+def logits(model_dir: str, adapter_dir: str | None, tokens: list[list[int]], images: dict | None = None) -> np.ndarray:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
     if adapter_dir:
         import peft
@@ -34,7 +45,7 @@ def logits(model_dir: str, adapter_dir: str | None, tokens: list[list[int]]) -> 
         model = peft.PeftModel.from_pretrained(model, adapter_dir)
     model.eval()
     with torch.no_grad():
-        return model(input_ids=torch.tensor(tokens)).logits.float().numpy()
+        return model(**inputs(tokens, images)).logits.float().numpy()
 
 
 def made(case: dict) -> None:
@@ -71,13 +82,8 @@ def made(case: dict) -> None:
                             module.lora_A["default"].weight.copy_(modules[name[: -len(second)] + first].lora_A["default"].weight)
         model.save_pretrained(adapter["out"])
         model.eval()
-    tokens = torch.tensor(case["tokens"])
-    inputs = {"input_ids": tokens}
-    if images:  # token_type_ids: the image tokens, which see their whole image (the processor gives them so)
-        inputs |= {"pixel_values": torch.tensor(np.load(images["pixel_values"])),
-                   "token_type_ids": (tokens == images["image_token_index"]).long()}
     with torch.no_grad():
-        np.save(case["logits"], model(**inputs).logits.float().numpy())
+        np.save(case["logits"], model(**inputs(case["tokens"], images)).logits.float().numpy())
 
 
 def tokenized(directory: str, text: str, messages) -> dict:
@@ -97,7 +103,7 @@ def main(plan_path: str) -> None:
     for case in plan.get("made", []):
         made(case)
     for case in plan.get("models", []):
-        np.save(case["out"], logits(case["model"], case.get("adapter"), case["tokens"]))
+        np.save(case["out"], logits(case["model"], case.get("adapter"), case["tokens"], case.get("images")))
     for case in plan.get("tokenizers", []):
         with open(case["out"], "w", encoding="utf-8") as out:
             json.dump(tokenized(case["dir"], case["text"], case.get("messages")), out)

@@ -98,12 +98,16 @@ def _write_json(path: pathlib.Path, value) -> None:
 
 
 def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dtype: str,
-                max_shard_bytes: int = MAX_SHARD_BYTES, write: bool = True) -> None:
-    """A Gemma3ForCausalLM directory of a plain (LoRA-free) gm tree, into the existing `directory`."""
+                max_shard_bytes: int = MAX_SHARD_BYTES, write: bool = True, vision=None) -> None:
+    """A Gemma3ForCausalLM directory of a plain (LoRA-free) gm tree, into the existing `directory`; with `vision`
+    (the tree's image encoder) a Gemma3ForConditionalGeneration one, in Google's layout."""
     config = hf_config.model_config_json(model_config, dtype=dtype, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                                          pad_id=tokenizer.pad_id)
-    write_safetensors(directory, params, hf_weights.model_tensors(model_config), dtype=DTYPES[dtype], stem="model",
-                      max_shard_bytes=max_shard_bytes, write=write)
+    tensors = hf_weights.model_tensors(model_config)
+    if vision is not None:
+        config, tensors = hf_config.multimodal_config_json(config, vision), hf_weights.multimodal_tensors(model_config, vision)
+    write_safetensors(directory, params, tensors, dtype=DTYPES[dtype], stem="model", max_shard_bytes=max_shard_bytes,
+                      write=write)
     if write:
         _write_json(directory / "config.json", config)
         _write_json(directory / "generation_config.json", hf_tokenizer.generation_config_json(tokenizer))

@@ -1,5 +1,5 @@
-"""A Gemma 3 text architecture (trainer.gemma3.config) as Hugging Face's `config.json` (Gemma3ForCausalLM), and
-the image encoder of a Gemma3ForConditionalGeneration's config.json as a VisionConfig.
+"""A Gemma 3 text architecture (trainer.gemma3.config) as Hugging Face's `config.json` (Gemma3ForCausalLM), with
+an image encoder (VisionConfig) Gemma3ForConditionalGeneration's, and the image encoder read back from one.
 
 The keys are those of Google's published Gemma 3 text configs (rope_theta, rope_local_base_freq,
 rope_scaling, layer_types), which transformers 4.5x reads as they are and transformers 5 converts
@@ -79,6 +79,32 @@ def architecture(text_config: dict) -> dict:
         "rope_local_base_freq": float(rope["sliding_attention"]["rope_theta"]),
         "rope_scaling_factor": float(rope["full_attention"].get("factor") or 1.0),
         "final_logit_softcapping": None if softcap is None else float(softcap),
+    }
+
+
+def multimodal_config_json(text: dict, vision: VisionConfig) -> dict:
+    """config.json of the vision-language model, around the text model's (model_config_json)."""
+    return {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "torch_dtype": text["torch_dtype"],
+        "text_config": {key: value for key, value in text.items() if key not in ("architectures", "torch_dtype")},
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": vision.width,
+            "intermediate_size": vision.mlp_dim,
+            "num_hidden_layers": vision.depth,
+            "num_attention_heads": vision.num_heads,
+            "image_size": vision.image_size,
+            "patch_size": vision.patch_size,
+            "num_channels": 3,
+            "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6,
+            "vision_use_head": False,  # Gemma 3 reads the encoder's last hidden states
+        },
+        "mm_tokens_per_image": vision.soft_tokens,
+        "image_token_index": vision.image_token_id,
+        "tie_word_embeddings": True,
     }
 
 

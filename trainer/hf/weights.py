@@ -132,6 +132,7 @@ def model_tensors(config) -> list[Tensor]:
 
 VISION_TOWER = "vision_tower.vision_model."
 PROJECTOR = "multi_modal_projector."
+LANGUAGE_MODEL = "language_model."  # before the text model's names in Gemma3ForConditionalGeneration's files
 
 
 def vision_tensors(vision) -> list[Tensor]:
@@ -168,6 +169,11 @@ def vision_tensors(vision) -> list[Tensor]:
             Tensor(name + "mlp.fc2.bias", (*block, "MlpBlock_0", "Dense_1", "bias"), SAME),
         ]
     return tensors
+
+
+def multimodal_tensors(config, vision) -> list[Tensor]:
+    """Every tensor of Gemma3ForConditionalGeneration, in Google's layout, for a plain gm tree with an image encoder."""
+    return [dataclasses.replace(tensor, name=LANGUAGE_MODEL + tensor.name) for tensor in model_tensors(config)] + vision_tensors(vision)
 
 
 def lora_tensors(num_layers: int) -> list[Tensor]:

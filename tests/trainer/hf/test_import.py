@@ -226,6 +226,33 @@ def test_a_directory_that_does_not_fit_the_image_encoder_is_one_line(made, name,
         load_model(directory, made["config"], vision=dataclasses.replace(made["vision"], **change))
 
 
+def test_an_imported_vision_model_exports_back_the_same(made, tokenizer, tmp_path):
+    """Read, then exported as Gemma3ForConditionalGeneration: the same tensors as transformers saved (in Google's
+    layout: `vision_tower.vision_model.`), and transformers gives the same logits with images from it."""
+    from safetensors.numpy import load_file
+
+    vision = made["vision"]
+    export.write_model(tmp_path, made["config"], load_model(made["root"] / "vision", made["config"], vision=vision),
+                       tokenizer, dtype="float32", vision=vision)
+    ours = load_file(tmp_path / "model.safetensors")
+    theirs = {name.replace("vision_tower.", hf_weights.VISION_TOWER, 1): value
+              for name, value in load_file(made["root"] / "vision" / "model.safetensors").items()}
+    assert sorted(ours) == sorted(theirs)
+    for name, value in ours.items():
+        np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+
+    images = {"pixel_values": str(made["root"] / "pixel_values.npy"), "image_token_index": vision.image_token_id}
+    plan = {"models": [{"model": str(tmp_path), "tokens": made["vision_tokens"].tolist(), "images": images,
+                        "out": str(tmp_path / "logits.npy")}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    result = subprocess.run([HF_PYTHON, str(REPO / "tests" / "hf_check.py"), str(tmp_path / "plan.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    difference = max_diff(np.load(tmp_path / "logits.npy"), made["hf"]["vision"])
+    print(f"export with images: max abs logit difference {difference:.2e}")
+    assert difference < TOLERANCE
+
+
 def test_a_peft_adapter_on_a_sharded_model_gives_peft_logits(made):
     directory = made["root"] / "sharded"
     assert (directory / "model.safetensors.index.json").exists() and len(list(directory.glob("model-*.safetensors"))) > 1

@@ -5,12 +5,12 @@ Pulumi mocks) declare the same stack. Nothing below this module imports it.
 
 import pulumi
 
-from infra.config import StackConfig
 from infra.cloud.image import TrainerImage
-from infra.queueing.jobset import JOBSET_VERSION
-from infra.queueing.kueue import KUEUE_VERSION
+from infra.config import StackConfig
 from infra.platform import Platform, build
 from infra.pricing import tpu_cost_per_hour
+from infra.queueing.jobset import JOBSET_VERSION
+from infra.queueing.kueue import KUEUE_VERSION
 from infra.serving import ServingInfra
 from workloads.deploy import RunPlatform, ServingDeployment, TrainingRun, training_runs
 

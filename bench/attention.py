@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.stats import mib
+from trainer.config import GEMMA3_MODELS, TINY
+from trainer.gemma3.config import Attention
+from trainer.gemma3.model import dense_attention
 from trainer.model import models
 from trainer.nn import layers
 from trainer.run import hbm
 from trainer.run.mesh import jax_entry_point
-from trainer.config import GEMMA3_MODELS, TINY
-from trainer.gemma3.config import Attention
-from trainer.gemma3.model import dense_attention
 
 DRY_RUN_SEQ_LEN = 256
 DOCUMENTS_PER_ROW = 4  # packed rows: the row cut at random into this many documents

@@ -27,9 +27,9 @@ from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bench.side import Side, StepCounts
-from trainer.model import models
 from trainer.config import TrainConfig
 from trainer.data.tokenizer import Tokenizer
+from trainer.model import models
 
 
 def tokenize_row(tokenizer: Tokenizer, text: str, seq_len: int) -> tuple[np.ndarray, int]:

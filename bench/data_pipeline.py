@@ -29,12 +29,12 @@ from bench import inputs as inputs_lib
 from bench.baseline import tokenize_row
 from bench.stats import mib
 from trainer.data import loader as data_lib
-from trainer.measure import flops
-from trainer.run import hardware
-from trainer.model import models
 from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.prepare import prepare
 from trainer.data.tokenizer import load_tokenizer, train_tokenizer
+from trainer.measure import flops
+from trainer.model import models
+from trainer.run import hardware
 from trainer.run.mesh import jax_entry_point
 
 _MB = 10**6

@@ -28,11 +28,11 @@ from bench.side import Side
 from bench.stats import spread
 from bench.throughput import Schedule, measure, mfu_figures
 from trainer import config as config_lib
+from trainer.errors import UserError
+from trainer.measure import flops, hbm_traffic, step_profile
 from trainer.model import models
 from trainer.run import hbm, mesh
-from trainer.errors import UserError
 from trainer.run import hardware
-from trainer.measure import flops, hbm_traffic, step_profile
 
 LORA_RANK = 16  # ours when neither full fine-tune fits the chip
 # What ours trains, by --training: (precision, LoRA rank). auto takes the first the compiler fits at some batch.

@@ -11,11 +11,10 @@ import tempfile
 import time
 
 from trainer import export
-
-from trainer.model import models
-from trainer.run.mesh import jax_entry_point
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.data.corpus import write_corpus
+from trainer.model import models
+from trainer.run.mesh import jax_entry_point
 
 
 @jax_entry_point("bench.export_time: ")

@@ -11,8 +11,8 @@ import pathlib
 
 import numpy as np
 
-from trainer.data import loader as data_lib
 from trainer import loop
+from trainer.data import loader as data_lib
 from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.corpus import SEPARATOR, write_corpus
 from trainer.data.formats import read_documents

@@ -7,11 +7,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from bench.side import Side, StepCounts
+from trainer.config import TrainConfig
 from trainer.data import loader as data_lib
 from trainer.measure import compiled as compiled_lib
 from trainer.nn import precision
 from trainer.run import mesh, step
-from trainer.config import TrainConfig
 
 
 class Ours(Side):

@@ -22,11 +22,11 @@ from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
 from bench.stats import Repeats, mib, peak_rss_bytes, spread
-from trainer.measure import flops
-from trainer.run import hardware
-from trainer.model import models
 from trainer.config import PRESET_VALUES, TINY, TrainConfig
 from trainer.gemma3.config import Gemma3Config
+from trainer.measure import flops
+from trainer.model import models
+from trainer.run import hardware
 from trainer.run.mesh import jax_entry_point
 
 

@@ -10,16 +10,16 @@ import pulumi_kubernetes as k8s
 
 from infra.cloud.apis import ProjectApis
 from infra.cloud.cluster import GkeCluster
-from infra.config import StackConfig
 from infra.cloud.identity import TrainingIdentity
 from infra.cloud.multi_tier import MultiTierCheckpointing
-from infra.queueing.jobset import JobSetController
-from infra.queueing.kueue import KueueQueue
-from infra.observability.monitoring import Monitoring
 from infra.cloud.network import StackNetwork
 from infra.cloud.registry import Registry
 from infra.cloud.storage import Buckets
 from infra.cloud.tpu_pools import TpuPools
+from infra.config import StackConfig
+from infra.observability.monitoring import Monitoring
+from infra.queueing.jobset import JobSetController
+from infra.queueing.kueue import KueueQueue
 
 
 @dataclass(frozen=True, kw_only=True)

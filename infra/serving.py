@@ -12,12 +12,12 @@ import pulumi_gcp as gcp
 
 from infra.cloud.cluster import GkeCluster
 from infra.cloud.component import Component, service_account_member
-from infra.config import StackConfig
-from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
 from infra.cloud.identity import READ_ROLE, PodIdentity, TrainingIdentity
-from infra.observability.metrics_adapter import MetricsAdapter
 from infra.cloud.storage import Buckets
 from infra.cloud.tpu_pools import scale_from_zero_pool
+from infra.config import StackConfig
+from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, docker_hub_path, mirror_repository_id, serving_account_id
+from infra.observability.metrics_adapter import MetricsAdapter
 
 
 class ServingInfra(Component):

@@ -6,9 +6,9 @@ in step)."""
 import sys
 
 from infra.config import parse_stack_config
+from infra.config.stack_files import offline_values, shipped_stacks
 from infra.config.training import TRAINER_OPTIONS, stack_models
 from infra.pricing import tpu_cost_per_hour
-from infra.config.stack_files import offline_values, shipped_stacks
 
 HEADER = (
     "| stack | cluster | TPU shape | chips | TPU hosts | TPU node pools | est. $/h on-demand |\n"

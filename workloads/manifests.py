@@ -30,10 +30,10 @@ have `backoffLimit: 0` and the JobSet restarts them as a whole.
 from collections.abc import Sequence
 from typing import Any
 
+from infra.catalog.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from infra.cloud import checkpointing
 from infra.cloud.accounts import namespace_object, service_account_object
 from infra.queueing.queues import MAX_RUN_ANNOTATION, PRIORITY_LABEL, QUEUE_LABEL
-from infra.catalog.names import NODE_POOL_LABEL, SLICE_JOB, TRAINER_CONTAINER
 from trainer import contract
 from workloads.pods import (
     CONTAINER_SECURITY,

@@ -27,11 +27,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from infra.catalog.names import NODE_POOL_LABEL
 from infra.cloud.accounts import service_account_object
 from infra.config import StackConfig
 from infra.config.serving import SERVING_NAME, SERVING_POOL, SERVING_TAINT, SHM_GIB, mirrored_image, serving_account_id
 from infra.config.slices import CAPACITY_SELECTORS
-from infra.catalog.names import NODE_POOL_LABEL
 from infra.errors import ConfigError
 from trainer.contract import PUBLISHED_MODEL_DIR, holds_parts, published_version_parts
 from workloads.pods import CONTAINER_SECURITY, SKIP_AWAIT, fuse_volume, object_labels, object_metadata, pod_metadata, pod_security

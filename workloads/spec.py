@@ -11,16 +11,16 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from infra.config import RunConfig, StackConfig
-from infra.cloud.checkpointing import in_memory_volume_gib, node_selector
-from infra.config.runs import local_tier_gib
-from infra.config.training import PreparationConfig, trainer_flags
-from infra.config.slices import trainer_memory_gib
-from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
 from infra.catalog.names import CPU_POOL_NAME, NODE_POOL_LABEL, run_kind, run_object_name, tpu_pool_names
+from infra.cloud.checkpointing import in_memory_volume_gib, node_selector
+from infra.config import RunConfig, StackConfig
+from infra.config.runs import local_tier_gib
+from infra.config.slices import trainer_memory_gib
+from infra.config.training import PreparationConfig, trainer_flags
+from infra.queueing.queues import FLEX_START_MAX_RUN_SECONDS, LOCAL_QUEUE, priority_class_name
 from trainer import contract
-from trainer.run import tpu_flags
 from trainer.contract import PREPARED_MARKER_FILE, PUBLISHED_DIR, PUBLISHED_MODEL_DIR, TRAINER_UID
+from trainer.run import tpu_flags
 
 DATA_MOUNT = "/data"  # the data bucket, read-only in training pods
 ARTIFACTS_MOUNT = "/artifacts"  # the artifacts bucket: checkpoints, TensorBoard events, profiles, published exports

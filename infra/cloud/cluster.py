@@ -16,11 +16,11 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from infra.catalog.names import CPU_POOL_NAME
 from infra.cloud.component import Component, service_account_member
+from infra.cloud.network import StackNetwork
 from infra.config import StackConfig
 from infra.config.cluster import CPU_POOL_NODES
-from infra.catalog.names import CPU_POOL_NAME
-from infra.cloud.network import StackNetwork
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 RELEASE_CHANNEL = "REGULAR"

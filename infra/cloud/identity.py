@@ -15,8 +15,8 @@ import pulumi_kubernetes as k8s
 from infra.cloud.accounts import namespace_object, service_account_object
 from infra.cloud.cluster import GkeCluster
 from infra.cloud.component import Component, service_account_member
-from infra.config import StackConfig
 from infra.cloud.storage import Buckets
+from infra.config import StackConfig
 
 READ_ROLE = "roles/storage.objectViewer"
 WRITE_ROLE = "roles/storage.objectUser"  # read, write and delete objects

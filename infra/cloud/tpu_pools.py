@@ -5,10 +5,10 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.catalog.names import tpu_pool_names
 from infra.cloud.cluster import CLOUD_PLATFORM_SCOPE, NODE_IMAGE, GkeCluster, gke_metadata, image_streaming
 from infra.cloud.component import Component
 from infra.config import StackConfig
-from infra.catalog.names import tpu_pool_names
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 

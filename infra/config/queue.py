@@ -2,11 +2,11 @@
 
 from dataclasses import dataclass
 
+from infra.catalog.tpu import SliceSpec
 from infra.config.runs import RunConfig
 from infra.config.sections import PROJECT, Section
 from infra.config.slices import capacity_chips
 from infra.errors import ConfigError
-from infra.catalog.tpu import SliceSpec
 
 
 @dataclass(frozen=True, kw_only=True)

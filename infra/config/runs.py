@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from infra.catalog import names
+from infra.catalog.tpu import SliceSpec
 from infra.config.sections import DNS_LABEL, PROJECT, Section, check_dns_label
 from infra.config.slices import TpuConfig
 from infra.config.training import PreparationConfig, TrainingConfig, parse_preparation, parse_training
 from infra.errors import ConfigError
-from infra.catalog.tpu import SliceSpec
 from trainer import config as trainer_config
 from trainer.contract import LOCAL_CHECKPOINTS_KEPT
 from trainer.measure import flops

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 
 from infra.catalog import tpu
+from infra.catalog.tpu import SliceSpec
 from infra.config.runs import RunConfig
 from infra.config.sections import Section
 from infra.errors import ConfigError
-from infra.catalog.tpu import SliceSpec
 from trainer.contract import SERVED_PARTS
 from trainer.run.hardware import DEVICE_KIND_OF_ACCELERATOR, hbm_bytes
 

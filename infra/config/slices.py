@@ -5,9 +5,9 @@ import re
 from dataclasses import dataclass
 
 from infra.catalog import tpu
+from infra.catalog.tpu import SliceSpec
 from infra.config.sections import PROJECT, Section
 from infra.errors import ConfigError
-from infra.catalog.tpu import SliceSpec
 
 CAPACITIES = ("on-demand", "spot", "reservation", "flex-start")
 # Autopilot picks capacity from each pod's node selectors; this project wires on-demand and Spot

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infra.catalog.tpu import SliceSpec
 from infra.config.cluster import (CLUSTER_MODES, ClusterAccess, MultiTierCheckpointing, check_cluster_version, check_multi_tier,
                                   parse_access, parse_multi_tier)
 from infra.config.monitoring import MonitoringConfig, parse_monitoring
@@ -23,7 +24,6 @@ from infra.config.slices import CAPACITY_SELECTORS, TpuConfig, capacity_chips, c
 from infra.config.storage import CACHE_HEADROOM_GIB, DATA_CACHE_GIB_DEFAULT, DATA_CACHE_GIB_MAX, TRAINER_SCRATCH_GIB, check_buckets
 from infra.config.training import parse_preparation, parse_training
 from infra.errors import ConfigError
-from infra.catalog.tpu import SliceSpec
 
 _PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")

@@ -6,8 +6,8 @@ from typing import Any
 
 from infra.config.sections import Section
 from infra.errors import ConfigError
-from trainer.data import chat, formats
 from trainer import config as trainer_config  # the trainer's options: their defaults and models
+from trainer.data import chat, formats
 
 WEIGHTS = ("official", "random")  # or a gs:// checkpoint or Hugging Face directory
 TINYSTORIES_URL = (

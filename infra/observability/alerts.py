@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pulumi_gcp as gcp
 
-from infra.observability import telemetry
 from infra.config import StackConfig
+from infra.observability import telemetry
 from infra.observability.telemetry import K8S_CONTAINER, K8S_NODE, OneOf, RunTelemetry, metric_label, resource_label
 
 EVENT_WINDOW = "300s"  # how long an event (a failure) keeps its condition met

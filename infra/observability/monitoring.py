@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.observability import alerts, dashboard, telemetry
 from infra.cloud.component import Component
 from infra.config import StackConfig
+from infra.observability import alerts, dashboard, telemetry
 from infra.observability.serving_dashboard import serving_charts
 
 CONSOLE = "https://console.cloud.google.com/monitoring/dashboards/builder"

@@ -8,9 +8,9 @@ as prometheus.googleapis.com/NAME/KIND on the prometheus_target resource, whose 
 labels are `cluster` and `namespace`.
 """
 
+from infra.catalog.names import NODE_POOL_LABEL
 from infra.config import StackConfig
 from infra.config.serving import SERVING_POOL
-from infra.catalog.names import NODE_POOL_LABEL
 from infra.observability.dashboard import chart, node_charts, series
 from infra.observability.telemetry import node_label, node_series, resource_label
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from trainer.errors import UserError
 from trainer.data.formats import EMPTY_CONTENT, InvalidRow
+from trainer.errors import UserError
 
 START_OF_TURN, END_OF_TURN = "<start_of_turn>", "<end_of_turn>"
 TURN_TOKENS = (START_OF_TURN, END_OF_TURN)

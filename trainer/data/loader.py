@@ -19,8 +19,8 @@ import numpy as np
 
 from trainer.data import chat, formats, packing
 from trainer.data import prepare as prepare_lib
-from trainer.errors import UserError
 from trainer.data.tokenizer import Tokenizer
+from trainer.errors import UserError
 
 PREFETCH_BATCHES = 4
 

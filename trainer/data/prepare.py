@@ -34,13 +34,12 @@ import urllib.request
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from trainer.data import chat, formats
-
 from trainer import contract
+from trainer.data import chat, formats
 from trainer.data.corpus import SEPARATOR
+from trainer.data.tokenizer import OFFICIAL_TOKENIZER, Tokenizer, load_tokenizer
 from trainer.errors import UserError, entry_point
 from trainer.shared_files import replaced_atomically
-from trainer.data.tokenizer import OFFICIAL_TOKENIZER, Tokenizer, load_tokenizer
 
 # 2: meta.json says the data format and whether records carry a loss mask. 1 (text only, no mask) still reads.
 FORMAT_VERSION = 2

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from trainer.nn import layers
 from trainer.gemma3 import vision as vision_lib
 from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config, VisionConfig
+from trainer.nn import layers
 
 LORA = "lora"  # the scope of an adapter's factors, as gemma names it
 MASKED = -2.3819763e38  # a masked attention logit (gemma's value: its exp underflows in bfloat16 too)

@@ -27,9 +27,9 @@ import dataclasses
 import math
 import sys
 
+from trainer.errors import UserError
 from trainer.measure import flops
 from trainer.run import hardware
-from trainer.errors import UserError
 from trainer.run.mesh import jax_entry_point
 
 _BF16 = 2

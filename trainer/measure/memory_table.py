@@ -22,10 +22,10 @@ import os
 import pathlib
 import sys
 
-from trainer.run import hbm
 from trainer.config import GEMMA3_MODELS
-from trainer.run.mesh import jax_entry_point
 from trainer.measure import memory
+from trainer.run import hbm
+from trainer.run.mesh import jax_entry_point
 
 TABLE_JSON = pathlib.Path(__file__).resolve().parents[2] / "docs" / "memory-table.json"
 GLOBAL_BATCH = 128

@@ -33,8 +33,8 @@ import re
 import sys
 
 from trainer.errors import UserError
-from trainer.run.mesh import jax_entry_point
 from trainer.measure import hbm_traffic
+from trainer.run.mesh import jax_entry_point
 
 CATEGORIES = ("matmuls", "attention kernel", "weight casts", "loss head", "optimizer update", "metrics", "collectives",
               "copies and transposes", "elementwise and reductions", "other")

@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from trainer.data import chat
-
-from trainer.nn import loss
 from trainer.data.chat_corpus import SAMPLE_PROMPTS as CHAT_PROMPTS
+from trainer.nn import loss
 
 # Openings in the style of the stories the demo and TinyStories train on.
 PROMPTS = ("Once upon a time", "One day, a little girl named")

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.nn import flash_attention
 from trainer.errors import UserError
+from trainer.nn import flash_attention
 from trainer.nn.sharding import fsdp_spec
 
 # The splash kernel's output and log-sum-exp carry this name: "dots" keeps them (a layer's output projection

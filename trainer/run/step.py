@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.nn import layers as layers_lib
 from trainer.model import models
+from trainer.nn import layers as layers_lib
 from trainer.nn import loss
 from trainer.run import hbm, mesh, vocab_chunk
 from trainer.run import compile_answers

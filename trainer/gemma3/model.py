@@ -263,7 +263,8 @@ class Transformer(_Module):
             x = embedder(tokens)
         else:
             is_image = tokens == self.vision.image_token_id
-            x = embedder(tokens, vision_lib.VisionEncoder(self.vision, self.dtype, name="vision_encoder")(images), is_image)
+            encoder = vision_lib.VisionEncoder(self.vision, self.dtype, options.remat, name="vision_encoder")
+            x = embedder(tokens, encoder(images), is_image)
             image_ids = vision_lib.image_ids(is_image)
         policy = layers.REMAT_POLICIES[options.remat]
         block = nn.remat(Block, policy=policy) if policy else Block

@@ -5,7 +5,8 @@ The encoder is a ViT: 14-pixel patches embedded by a convolution, a learnt posit
 blocks of bidirectional attention and a GELU (tanh) feed-forward, a final LayerNorm; its outputs are
 average-pooled over squares of patches to `soft_tokens` vectors an image (64 x 64 patches to 16 x 16 at
 full size). Parameter names are gemma 4.0.1's `SigLiPFromPatches` (vision_encoder/siglip_encoder/...),
-so that gemma's checkpoints keep their tree.
+so that gemma's checkpoints keep their tree. `options.remat` rematerialises each encoder block as it does
+the text's ("dots" keeps the feed-forward's and the attention's outputs, PROJECTIONS).
 
 In the text an image is `soft_tokens` consecutive image tokens (VisionConfig.image_token_id), between
 `<start_of_image>` and `<end_of_image>`: the k-th image token of a row takes the k-th soft token of the
@@ -19,8 +20,10 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from trainer.gemma3.config import VisionConfig
+from trainer.nn import layers
 
 
 class _Module(nn.Module):
@@ -32,8 +35,8 @@ class _FeedForward(_Module):
     @nn.compact
     def __call__(self, x):
         types = dict(dtype=self.dtype, param_dtype=self.dtype)
-        x = nn.Dense(self.config.mlp_dim, name="Dense_0", **types)(x)
-        return nn.Dense(self.config.width, name="Dense_1", **types)(nn.gelu(x))
+        x = checkpoint_name(nn.Dense(self.config.mlp_dim, name="Dense_0", **types)(x), layers.PROJECTIONS)
+        return checkpoint_name(nn.Dense(self.config.width, name="Dense_1", **types)(nn.gelu(x)), layers.PROJECTIONS)
 
 
 class _EncoderBlock(_Module):
@@ -41,21 +44,28 @@ class _EncoderBlock(_Module):
     def __call__(self, x):
         c, types = self.config, dict(dtype=self.dtype, param_dtype=self.dtype)
         y = nn.LayerNorm(name="LayerNorm_0", **types)(x)
-        x = x + nn.MultiHeadDotProductAttention(num_heads=c.num_heads, name="MultiHeadDotProductAttention_0", **types)(y, y)
+        y = nn.MultiHeadDotProductAttention(num_heads=c.num_heads, name="MultiHeadDotProductAttention_0", **types)(y, y)
+        x = x + checkpoint_name(y, layers.PROJECTIONS)
         return x + _FeedForward(c, self.dtype, name="MlpBlock_0")(nn.LayerNorm(name="LayerNorm_1", **types)(x))
 
 
 class _Blocks(_Module):
     """gemma's `Transformer` scope of the encoder: its blocks and final norm."""
 
+    remat: str = "none"  # layers.REMAT_POLICIES
+
     @nn.compact
     def __call__(self, x):
+        policy = layers.REMAT_POLICIES[self.remat]
+        block = nn.remat(_EncoderBlock, policy=policy) if policy else _EncoderBlock
         for i in range(self.config.depth):
-            x = _EncoderBlock(self.config, self.dtype, name=f"encoderblock_{i}")(x)
+            x = block(self.config, self.dtype, name=f"encoderblock_{i}")(x)
         return nn.LayerNorm(name="encoder_norm", dtype=self.dtype, param_dtype=self.dtype)(x)
 
 
 class _SigLIP(_Module):
+    remat: str = "none"
+
     @nn.compact
     def __call__(self, images):
         """[N, size, size, 3] -> [N, patches, width]."""
@@ -65,17 +75,19 @@ class _SigLIP(_Module):
         x = x.reshape(x.shape[0], -1, c.width)  # the patches row by row
         x = x + self.param("pos_embedding", nn.initializers.normal(stddev=c.width**-0.5), (1, x.shape[1], c.width),
                            self.dtype)
-        return _Blocks(c, self.dtype, name="Transformer")(x)
+        return _Blocks(c, self.dtype, self.remat, name="Transformer")(x)
 
 
 class VisionEncoder(_Module):
     """Images [B, M, size, size, 3] -> soft tokens [B, M, soft_tokens, width], before the projector."""
 
+    remat: str = "none"  # layers.REMAT_POLICIES
+
     @nn.compact
     def __call__(self, images):
         c = self.config
         rows, per_row = images.shape[:2]
-        encoded = _SigLIP(c, self.dtype, name="siglip_encoder")(images.reshape(rows * per_row, *images.shape[2:]))
+        encoded = _SigLIP(c, self.dtype, self.remat, name="siglip_encoder")(images.reshape(rows * per_row, *images.shape[2:]))
         side = c.patches_per_side
         grid = encoded.reshape(rows * per_row, side, side, c.width)
         pooled = nn.avg_pool(grid, (c.pooling, c.pooling), strides=(c.pooling, c.pooling))

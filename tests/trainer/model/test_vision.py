@@ -1,7 +1,7 @@
 """Gemma 3 with images (trainer.gemma3.vision): the full-size encoder and projector have the gemma package's
-shapes and parameter tree (so its checkpoints keep theirs), and a packed row of documents with images
+shapes and parameter tree (so its checkpoints keep theirs), a packed row of documents with images
 computes what each document computes alone, with the splash kernel asked for too (a batch with images runs
-dense). Logit equality with transformers' Gemma3ForConditionalGeneration: tests/trainer/hf/test_import.py."""
+dense), and --remat covers the encoder's blocks. Logit equality with transformers' Gemma3ForConditionalGeneration: tests/trainer/hf/test_import.py."""
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,15 @@ def test_the_full_size_encoder_and_projector_are_gemmas():
     assert shapes(ours["params"]) == shapes(theirs["params"])
 
 
+def tiny_vision_model(rng):
+    """The tiny model with the tiny encoder, random N(0, 0.1) weights (drawn by numpy: init would compile)."""
+    config = models.model_config("tiny", vocab_size=256)
+    vision = gemma3_config.tiny_vision(image_token_id=256)
+    shapes_ = jax.eval_shape(lambda: models.init_params(config, seed=0, vision=vision))
+    params = jax.tree.map(lambda leaf: jnp.asarray(0.1 * rng.standard_normal(leaf.shape), leaf.dtype), shapes_)
+    return models.build_model(config, dtype=jnp.float32, vision=vision), vision, params
+
+
 def document(rng, vision, length):
     """A document of `length` tokens from position 0 with one image (markers 5 and 6 around its tokens)."""
     tokens = rng.integers(7, 200, length)
@@ -51,12 +60,9 @@ def document(rng, vision, length):
 def test_a_packed_row_with_images_computes_each_document_alone():
     """Two documents with an image each, packed in one 128-token row (the splash kernel's block) and asked to
     run with splash: each document's hidden states are those it has alone in its own row, run dense."""
-    config = models.model_config("tiny", vocab_size=256)
-    vision = gemma3_config.tiny_vision(image_token_id=256)
     rng = np.random.default_rng(0)
-    shapes_ = jax.eval_shape(lambda: models.init_params(config, seed=0, vision=vision))
-    params = jax.tree.map(lambda leaf: jnp.asarray(0.1 * rng.standard_normal(leaf.shape), leaf.dtype), shapes_)
-    apply = jax.jit(models.build_model(config, dtype=jnp.float32, vision=vision).apply, static_argnames="options")
+    model, vision, params = tiny_vision_model(rng)
+    apply = jax.jit(model.apply, static_argnames="options")
     images = rng.uniform(-1, 1, (2, 1, vision.image_size, vision.image_size, 3)).astype(np.float32)
     first, second = document(rng, vision, 64), document(rng, vision, 64)
 
@@ -68,3 +74,23 @@ def test_a_packed_row_with_images_computes_each_document_alone():
     alone = apply({"params": params}, np.stack([first, second]), images=images)
     np.testing.assert_allclose(together, alone.reshape(together.shape), atol=1e-5)
 
+
+
+def test_remat_covers_the_image_encoder():
+    """The backward pass keeps each encoder block's feed-forward-wide activations without remat (5 a block),
+    its first projection's output alone with dots (PROJECTIONS), none with full (jax.checkpoint keeps the
+    gradients as they were)."""
+    rng = np.random.default_rng(1)
+    model, vision, params = tiny_vision_model(rng)
+    tokens = document(rng, vision, 16)[None]
+    images = rng.uniform(-1, 1, (1, 1, vision.image_size, vision.image_size, 3)).astype(np.float32)
+    patches = vision.patches_per_side**2
+
+    def hidden(params, remat):
+        return model.apply({"params": params}, tokens, images=images, options=layers.LayerOptions(remat=remat))
+
+    def kept(remat):
+        leaves = jax.eval_shape(lambda p: jax.tree.leaves(jax.vjp(lambda p: hidden(p, remat), p)[1]), params)
+        return sum(leaf.shape[-2:] == (patches, vision.mlp_dim) for leaf in leaves)
+
+    assert {remat: kept(remat) for remat in ("none", "dots", "full")} == {"none": 5 * vision.depth, "dots": vision.depth, "full": 0}

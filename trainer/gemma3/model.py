@@ -12,7 +12,8 @@ exists (trainer.nn.layers). `options.remat` rematerialises each block.
 With `vision` (a VisionConfig) the model also takes images (trainer.gemma3.vision): their soft tokens
 replace the embeddings of the image tokens, and Gemma 3's attention rule adds that an image's tokens see
 each other both ways (still within their document and window). No kernel takes that data-dependent block,
-so a batch with images runs every layer's attention dense, whatever `options.attention` says.
+so a batch with images runs every layer's attention dense, whatever `options.attention` says (the image
+encoder's own attention does take the splash kernel: trainer.gemma3.vision).
 
 LoRA (`lora_rank`): every projection weight W of a block gets factors A (W's input axes, rank) and
 B (rank, W's output axes), B starting at zero, in the tree places gemma's `gm.nn.LoRA` gives them.
@@ -263,7 +264,7 @@ class Transformer(_Module):
             x = embedder(tokens)
         else:
             is_image = tokens == self.vision.image_token_id
-            encoder = vision_lib.VisionEncoder(self.vision, self.dtype, options.remat, name="vision_encoder")
+            encoder = vision_lib.VisionEncoder(self.vision, self.dtype, options, name="vision_encoder")
             x = embedder(tokens, encoder(images), is_image)
             image_ids = vision_lib.image_ids(is_image)
         policy = layers.REMAT_POLICIES[options.remat]

@@ -6,7 +6,10 @@ blocks of bidirectional attention and a GELU (tanh) feed-forward, a final LayerN
 average-pooled over squares of patches to `soft_tokens` vectors an image (64 x 64 patches to 16 x 16 at
 full size). Parameter names are gemma 4.0.1's `SigLiPFromPatches` (vision_encoder/siglip_encoder/...),
 so that gemma's checkpoints keep their tree. `options.remat` rematerialises each encoder block as it does
-the text's ("dots" keeps the feed-forward's and the attention's outputs, PROJECTIONS).
+the text's ("dots" keeps the feed-forward's and the attention's outputs, PROJECTIONS). With
+`options.attention` "splash", the encoder's attention runs in the splash kernel (a full mask, every patch
+seeing every patch) where its blocks divide the patches (4096 at full size): flax's dense attention
+holds a [heads, patches, patches] logit tensor an image and layer (16 x 4096 x 4096, 1 GiB in float32).
 
 In the text an image is `soft_tokens` consecutive image tokens (VisionConfig.image_token_id), between
 `<start_of_image>` and `<end_of_image>`: the k-th image token of a row takes the k-th soft token of the
@@ -39,12 +42,29 @@ class _FeedForward(_Module):
         return checkpoint_name(nn.Dense(self.config.width, name="Dense_1", **types)(nn.gelu(x)), layers.PROJECTIONS)
 
 
+def _attention(options: layers.LayerOptions, patches: int):
+    """The encoder's attention function for flax's MultiHeadDotProductAttention (unscaled queries [N, P, heads,
+    head_dim]): the splash kernel with a full mask where the run asked for splash and its block divides the
+    patches, else flax's dense one."""
+    if options.attention != "splash" or patches % layers.KERNELS["splash"].block:
+        return nn.dot_product_attention
+
+    def attend(query, key, value):
+        whole = jnp.ones(query.shape[:2], jnp.int32)  # one segment: the image
+        return layers.kernel_attention(options, query * query.shape[-1] ** -0.5, key, value, whole, window=None, causal=False)
+
+    return attend
+
+
 class _EncoderBlock(_Module):
+    options: layers.LayerOptions = layers.LayerOptions()
+
     @nn.compact
     def __call__(self, x):
         c, types = self.config, dict(dtype=self.dtype, param_dtype=self.dtype)
         y = nn.LayerNorm(name="LayerNorm_0", **types)(x)
-        y = nn.MultiHeadDotProductAttention(num_heads=c.num_heads, name="MultiHeadDotProductAttention_0", **types)(y, y)
+        y = nn.MultiHeadDotProductAttention(num_heads=c.num_heads, attention_fn=_attention(self.options, x.shape[1]),
+                                            name="MultiHeadDotProductAttention_0", **types)(y, y)
         x = x + checkpoint_name(y, layers.PROJECTIONS)
         return x + _FeedForward(c, self.dtype, name="MlpBlock_0")(nn.LayerNorm(name="LayerNorm_1", **types)(x))
 
@@ -52,19 +72,19 @@ class _EncoderBlock(_Module):
 class _Blocks(_Module):
     """gemma's `Transformer` scope of the encoder: its blocks and final norm."""
 
-    remat: str = "none"  # layers.REMAT_POLICIES
+    options: layers.LayerOptions = layers.LayerOptions()
 
     @nn.compact
     def __call__(self, x):
-        policy = layers.REMAT_POLICIES[self.remat]
+        policy = layers.REMAT_POLICIES[self.options.remat]
         block = nn.remat(_EncoderBlock, policy=policy) if policy else _EncoderBlock
         for i in range(self.config.depth):
-            x = block(self.config, self.dtype, name=f"encoderblock_{i}")(x)
+            x = block(self.config, self.dtype, self.options, name=f"encoderblock_{i}")(x)
         return nn.LayerNorm(name="encoder_norm", dtype=self.dtype, param_dtype=self.dtype)(x)
 
 
 class _SigLIP(_Module):
-    remat: str = "none"
+    options: layers.LayerOptions = layers.LayerOptions()
 
     @nn.compact
     def __call__(self, images):
@@ -75,19 +95,19 @@ class _SigLIP(_Module):
         x = x.reshape(x.shape[0], -1, c.width)  # the patches row by row
         x = x + self.param("pos_embedding", nn.initializers.normal(stddev=c.width**-0.5), (1, x.shape[1], c.width),
                            self.dtype)
-        return _Blocks(c, self.dtype, self.remat, name="Transformer")(x)
+        return _Blocks(c, self.dtype, self.options, name="Transformer")(x)
 
 
 class VisionEncoder(_Module):
     """Images [B, M, size, size, 3] -> soft tokens [B, M, soft_tokens, width], before the projector."""
 
-    remat: str = "none"  # layers.REMAT_POLICIES
+    options: layers.LayerOptions = layers.LayerOptions()  # how its blocks run: remat, the attention kernel
 
     @nn.compact
     def __call__(self, images):
         c = self.config
         rows, per_row = images.shape[:2]
-        encoded = _SigLIP(c, self.dtype, self.remat, name="siglip_encoder")(images.reshape(rows * per_row, *images.shape[2:]))
+        encoded = _SigLIP(c, self.dtype, self.options, name="siglip_encoder")(images.reshape(rows * per_row, *images.shape[2:]))
         side = c.patches_per_side
         grid = encoded.reshape(rows * per_row, side, side, c.width)
         pooled = nn.avg_pool(grid, (c.pooling, c.pooling), strides=(c.pooling, c.pooling))

@@ -140,20 +140,24 @@ def splash_block_sizes(seq_len: int, largest: int = SPLASH_BLOCK, *, fused_backw
                              block_kv_dkv_compute=block, use_fused_bwd_kernel=fused_backward, **backward_query)
 
 
-def _kernel(num_heads: int, seq_len: int, window: int | None, interpret: bool, block_sizes: splash.BlockSizes):
+def _kernel(num_heads: int, seq_len: int, window: int | None, interpret: bool, block_sizes: splash.BlockSizes,
+            causal: bool = True):
     """Built per trace (it holds arrays; a cached one would leak a tracer into the next trace)."""
     shape = (seq_len, seq_len)
     # Gemma's sliding window: a query at q sees keys at q - window < k <= q.
     mask = splash.CausalMask(shape) if window is None else splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+    if not causal:  # the image encoder's: every key
+        mask = splash.FullMask(shape)
     return splash.make_splash_mha_single_device(splash.MultiHeadMask([mask] * num_heads), block_sizes=block_sizes,
                                                 residual_checkpoint_name=ATTENTION_RESIDUALS, interpret=interpret)
 
 
-def splash_attention(query, key, value, segment_ids, *, window: int | None, interpret: bool, block_sizes=None):
+def splash_attention(query, key, value, segment_ids, *, window: int | None, interpret: bool, block_sizes=None,
+                     causal: bool = True):
     """query [B, L, N, H] (already scaled), key/value [B, L, K, H], segment_ids [B, L] -> [B, L, N, H];
     block_sizes: splash_block_sizes(L) unless given (bench.attention compares others)."""
     seq_len = query.shape[1]
-    kernel = _kernel(query.shape[2], seq_len, window, interpret, block_sizes or splash_block_sizes(seq_len))
+    kernel = _kernel(query.shape[2], seq_len, window, interpret, block_sizes or splash_block_sizes(seq_len), causal)
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
 
     def one_row(q, k, v, segments):
@@ -172,10 +176,11 @@ class Kernel:
 KERNELS = {"splash": Kernel("tpu", 128, splash_attention), "flash": Kernel("gpu", flash_attention.BLOCK, flash_attention.flash_attention)}
 
 
-def kernel_attention(options: LayerOptions, query, key, value, segment_ids, *, window: int | None):
+def kernel_attention(options: LayerOptions, query, key, value, segment_ids, *, window: int | None, causal: bool = True):
     """options.attention's kernel over the run's mesh: a Pallas kernel is opaque to the partitioner,
-    so each device runs it on its own rows."""
-    attend = functools.partial(KERNELS[options.attention].attend, window=window, interpret=options.interpret)
+    so each device runs it on its own rows. `causal` False (splash's alone) lets a query see every key."""
+    attend = functools.partial(KERNELS[options.attention].attend, window=window, interpret=options.interpret,
+                               **({} if causal else {"causal": False}))
     if options.mesh is not None:
         rows = PartitionSpec(options.batch_axes)
         attend = jax.shard_map(attend, mesh=options.mesh, in_specs=(rows, rows, rows, rows), out_specs=rows, check_vma=False)

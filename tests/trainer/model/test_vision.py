@@ -94,3 +94,16 @@ def test_remat_covers_the_image_encoder():
         return sum(leaf.shape[-2:] == (patches, vision.mlp_dim) for leaf in leaves)
 
     assert {remat: kept(remat) for remat in ("none", "dots", "full")} == {"none": 5 * vision.depth, "dots": vision.depth, "full": 0}
+
+
+def test_the_encoder_in_the_splash_kernel_computes_what_the_dense_one_does():
+    """Asked for splash, an encoder of 256 patches (two of the kernel's 128-blocks) runs its attention in the
+    kernel with a full mask (Pallas' interpreter here): the same soft tokens as the dense attention."""
+    vision = gemma3_config.VisionConfig(image_size=224, patch_size=14, width=32, depth=1, mlp_dim=48, num_heads=2,
+                                        soft_tokens=16, image_token_id=256)
+    images = np.random.default_rng(2).uniform(-1, 1, (2, 1, vision.image_size, vision.image_size, 3)).astype(np.float32)
+    dense = VisionEncoder(vision, jnp.float32)
+    params = dense.init(jax.random.key(0), images)
+    splash = VisionEncoder(vision, jnp.float32, layers.LayerOptions(attention="splash", interpret=True))
+    assert "pallas_call" in str(jax.make_jaxpr(splash.apply)(params, images))
+    np.testing.assert_allclose(jax.jit(splash.apply)(params, images), jax.jit(dense.apply)(params, images), atol=1e-5)

@@ -302,8 +302,6 @@ def test_each_process_of_a_job_reads_only_its_shards_bytes(exported, tmp_path):
 
 
 def test_a_cut_short_shard_is_named(exported, tmp_path):
-    import shutil
-
     shutil.copytree(exported["root"] / "model", tmp_path / "model")
     shard = sorted((tmp_path / "model").glob("model-*.safetensors"))[-1]
     with shard.open("r+b") as file:

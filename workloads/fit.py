@@ -71,20 +71,16 @@ def batch_words(train_config) -> str:
     return str(batch) if steps == 1 else f"{batch} as {steps} micro-batches of {batch // steps}"
 
 
+# What a refused run may change, as a stack names it (gemma-tpu:training's keys).
+STACK_KEYS = {"precision": "precision", "grad_accum_steps": "gradAccumSteps", "batch_size": "batchSize"}
+
+
 def advice(report: dict) -> str:
     """One line for a run that does not fit: by how much, and what to change."""
     needed, usable = report["compiled_bytes_per_chip"] / _GIB, report["usable_hbm_bytes_per_chip"] / _GIB
-    changes = []
-    if report.get("lean_fits"):
-        state = "bfloat16 weights and AdamW state" + (", the second moment factored" if report["lean_precision"] == "lean-factored" else "")
-        changes.append(f"precision {report['lean_precision']} ({state}: {report['lean_compiled_bytes_per_chip'] / _GIB:.1f} GiB "
-                       "per chip, which fits; docs/fit.md has its quality figures)")
-    if report.get("grad_accum_steps_that_fit"):
-        steps = report["grad_accum_steps_that_fit"]
-        changes.append(f"gradAccumSteps {steps} (the same batch as {steps} micro-batches of {report['batch_size'] // steps} rows, "
-                       f"one after another: {report['grad_accum_compiled_bytes_per_chip'] / _GIB:.1f} GiB per chip, which fits)")
-    if report["largest_batch"]:
-        changes.append(f"batchSize {report['largest_batch']} or less (it fits with remat {report['largest_batch_remat']})")
+    from trainer.measure import compiled
+
+    changes = compiled.fitting_settings(report, STACK_KEYS)
     if not report["lora_rank"]:
         changes.append("loraRank 8 (LoRA trains ~1% of the weights)")
     changes.append("a larger topology or more slices")

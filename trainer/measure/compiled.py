@@ -452,19 +452,32 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     return dataclasses.replace(own, splits=(own, *others))
 
 
+# What a refused run may change, as the trainer's flags name it (fit's advice names the stack's keys).
+TRAINER_FLAGS = {"precision": "--precision", "grad_accum_steps": "--grad-accum-steps", "batch_size": "--batch-size"}
+
+
+def fitting_settings(report: dict, names: dict[str, str]) -> list[str]:
+    """What fit's search found that fits a run whose step does not, a phrase each with its figures; `names`:
+    what the user sets each by (TRAINER_FLAGS, or the stack's keys: workloads.fit.advice)."""
+    found = []
+    if report.get("lean_fits"):
+        state = "bfloat16 weights and AdamW state" + (", the second moment factored" if report["lean_precision"] == "lean-factored" else "")
+        found.append(f"{names['precision']} {report['lean_precision']} ({state}: {report['lean_compiled_bytes_per_chip'] / _GIB:.1f} "
+                     "GiB per chip, which fits; docs/fit.md has its quality figures)")
+    if report.get("grad_accum_steps_that_fit"):
+        steps = report["grad_accum_steps_that_fit"]
+        found.append(f"{names['grad_accum_steps']} {steps} (the same batch as {steps} micro-batches of {report['batch_size'] // steps} "
+                     f"rows, one after another: {report['grad_accum_compiled_bytes_per_chip'] / _GIB:.1f} GiB per chip, which fits)")
+    if report["largest_batch"]:
+        found.append(f"{names['batch_size']} {report['largest_batch']} or less (it fits with remat {report['largest_batch_remat']})")
+    return found
+
+
 def settings_that_fit(config: TrainConfig, model_config, devices, refused: hbm.MemoryRefusal) -> str:
     """For a run whose step the compiler refused on `devices`: the trainer flags fit's search finds that fit,
     with their figures (a few compiles), as the end of its one line."""
     report = fit(config, devices, vocab_size=model_config.num_embed, compare_precision=False, refused=refused).report()
-    found = []
-    if report.get("lean_fits"):
-        found.append(f"--precision {report['lean_precision']} ({report['lean_compiled_bytes_per_chip'] / _GIB:.2f} GiB per chip)")
-    if report.get("grad_accum_steps_that_fit"):
-        steps = report["grad_accum_steps_that_fit"]
-        found.append(f"--grad-accum-steps {steps} (the same batch as {steps} micro-batches, "
-                     f"{report['grad_accum_compiled_bytes_per_chip'] / _GIB:.2f} GiB per chip)")
-    if report["largest_batch"]:
-        found.append(f"--batch-size {report['largest_batch']} (the largest that fits, with --remat {report['largest_batch_remat']})")
+    found = fitting_settings(report, TRAINER_FLAGS)
     return ("the compiler fits " + ", or ".join(found)) if found else "the compiler fits no smaller batch, lean precision or accumulation of this run here"
 
 

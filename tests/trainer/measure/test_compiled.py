@@ -336,8 +336,9 @@ def test_a_refused_trainer_run_is_told_the_settings_that_fit_with_their_figures(
     config = TrainConfig(model="gemma3-1b", weights="random", batch_size=8, seq_len=1024, steps=10)
     refused = hbm.MemoryRefusal("arguments, outputs and temporaries", 14 * GIB, 12 * GIB)
     line = compiled.settings_that_fit(config, models.model_config("gemma3-1b", vocab_size=0), v6e_2x2, refused)
-    assert line == ("the compiler fits --precision lean (9.00 GiB per chip), or --grad-accum-steps 2 (the same batch as 2 "
-                    "micro-batches, 12.00 GiB per chip), or --batch-size 4 (the largest that fits, with --remat full)")
+    assert line == ("the compiler fits --precision lean (bfloat16 weights and AdamW state: 9.0 GiB per chip, which fits; "
+                    "docs/fit.md has its quality figures), or --grad-accum-steps 2 (the same batch as 2 micro-batches of 4 rows, "
+                    "one after another: 12.0 GiB per chip, which fits), or --batch-size 4 or less (it fits with remat full)")
     assert ("float32", 8, 1) not in compiles
 
 

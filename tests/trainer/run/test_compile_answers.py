@@ -15,14 +15,16 @@ from trainer.measure import compiled
 
 pytest.importorskip("libtpu", reason="libtpu is in requirements-dev.lock: run `make setup`")
 
-TINY = TrainConfig(model="tiny", weights="random", batch_size=8, seq_len=256, steps=10)
+# One policy and no precision comparison: the step is one compile (--remat auto may compare three, fit lean-factored).
+TINY = TrainConfig(model="tiny", weights="random", batch_size=8, seq_len=256, steps=10, remat="none")
 
 
 def _fit(cache_dir):
     hbm._usable_hbm.clear()  # the process remembers the chip's usable HBM; a new fit is a new process
     progress = io.StringIO()
     with compile_answers.session(cache_dir=cache_dir, stream=progress) as session:
-        report = compiled.fit(TINY, compiled.tpu_devices("v6e", "2x2"), vocab_size=512, search_batch=False).report()
+        report = compiled.fit(TINY, compiled.tpu_devices("v6e", "2x2"), vocab_size=512, search_batch=False,
+                               compare_precision=False).report()
     return report, session, progress.getvalue().splitlines()
 
 

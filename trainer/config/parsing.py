@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"auto: splash on TPU when --seq-len is a multiple of 128, flash on GPU when it is one of 64 (default {d.attention})")
     add("--remat", choices=REMATS, help="what the backward pass recomputes: none, dots (keeps matmul and attention outputs) or full (keeps each "
         f"block's input); auto: the first of these whose step the compiler fits in memory (default {d.remat})")
-    add("--vocab-chunk", type=flag_values.vocab_chunk_option, help="vocabulary rows the loss takes logits of at a time: a number, or none (all at once); "
+    add("--vocab-chunk", type=flag_values.vocab_chunk_option, help="the loss head's logits held at a time, in vocabulary rows' worth: a number N (the tokens run in chunks "
+        "of N rows' worth of logits, ceil(vocabulary / N) of them), or none (all at once); "
         "auto: on TPU the fastest by the compiler's figures that fits, elsewhere none unless [tokens per device, vocab] "
         f"logits pass 2^26 elements, then 16384 (default {d.vocab_chunk})")
     add("--eval-fraction", type=flag_values.fraction, help=f"fraction of documents held out for eval loss and perplexity; 0 = no eval (default {d.eval_fraction})")

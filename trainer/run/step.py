@@ -305,7 +305,7 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
         if fits is None:
             refused = refusal
             continue
-        if estimate is None:
+        if estimate is None or len(remats) == 1:  # nothing to compare it with
             return fits
         fitting.append((estimate(*fits), *fits))
         fastest = min(fitting, key=lambda entry: entry[0].seconds)
@@ -313,7 +313,7 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
             break
     if not fitting:
         raise refused
-    speeds, candidate, lowered, compiled = min(fitting, key=lambda entry: entry[0].seconds)
+    speeds, candidate, lowered, compiled = fastest
     others = tuple(entry[0] for entry in fitting if entry[0] is not speeds)
     return dataclasses.replace(candidate, remat_speeds=(speeds, *others)), lowered, compiled
 

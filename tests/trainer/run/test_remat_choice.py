@@ -1,5 +1,7 @@
 """--remat auto takes the fastest policy that fits by the compiler's figures, not the first (trainer.run.step)."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -57,3 +59,12 @@ def test_without_an_estimate_the_first_policy_that_fits_is_taken(tiny_run_step):
     chosen, _, _ = step.compile_run_step(run_step, CONFIG, model_config,
                                          train_args=lambda candidate: step.abstract_train_args(candidate, CONFIG, model_config))
     assert chosen.layers.remat == "none" and chosen.remat_speeds == ()
+
+
+def test_a_pinned_policy_is_not_estimated(tiny_run_step):
+    """--remat dots has nothing to be compared with: no estimate (fit's figures cost compiles), no start line."""
+    run_step, model_config = tiny_run_step
+    pinned = dataclasses.replace(CONFIG, remat="dots")
+    chosen, _, _ = step.compile_run_step(run_step, pinned, model_config, estimate=lambda *_: pytest.fail("estimated"),
+                                         train_args=lambda candidate: step.abstract_train_args(candidate, pinned, model_config))
+    assert chosen.layers.remat == "dots" and chosen.remat_speeds == ()

@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -38,42 +39,65 @@ from trainer.run import hardware, tpu_flags
 _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
 
 
+_HIT = "/jax/compilation_cache/cache_hits"
+_WRITE = "/jax/compilation_cache/cache_misses"  # JAX's name for an entry it writes after compiling
+_SAVED = "/jax/compilation_cache/compile_time_saved_sec"
+_COMPILE = "/jax/core/compile/backend_compile_duration"  # every compile request, read back or compiled
+
+
 @dataclasses.dataclass
 class PersistentCache:
     """A run's use of JAX's persistent compilation cache (`--compilation-cache-dir`): programs read back from it
-    (`hits`, the compile seconds that saved) and written to it (`writes`), from JAX's own monitoring events."""
+    (`hits`, the compile seconds that saved), programs compiled ((name, seconds) each: a second start of the same
+    run should have none) and entries written, from JAX's own monitoring events. A compile request records its
+    hit (if any) and then its duration in the thread that asked, so a request's duration after a hit in its
+    thread is a read back, any other a compile."""
 
     path: str
     hits: int = 0
     writes: int = 0
     saved_s: float = 0.0
+    compiled: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    _read_back: set[int] = dataclasses.field(default_factory=set)
 
     def _event(self, event: str, **_) -> None:
-        if event == "/jax/compilation_cache/cache_hits":
+        if event == _HIT:
             self.hits += 1
-        elif event == "/jax/compilation_cache/cache_misses":  # JAX's name for an entry it writes after compiling
+            self._read_back.add(threading.get_ident())
+        elif event == _WRITE:
             self.writes += 1
 
-    def _duration(self, event: str, seconds: float, **_) -> None:
-        if event == "/jax/compilation_cache/compile_time_saved_sec":
+    def _duration(self, event: str, seconds: float, fun_name: str = "?", **_) -> None:
+        if event == _SAVED:
             self.saved_s += seconds
+        elif event == _COMPILE:
+            if threading.get_ident() in self._read_back:
+                self._read_back.discard(threading.get_ident())
+            else:
+                self.compiled.append((fun_name, seconds))
 
     def line(self) -> str:
+        longest = sorted(self.compiled, key=lambda entry: -entry[1])[:3]
+        named = "".join(f", {name} {seconds:.1f} s" for name, seconds in longest)
         return (f"compilation cache {self.path}: {self.hits} programs read back (about {self.saved_s:.0f} s of compiling "
-                f"saved), {self.writes} compiled and written")
+                f"saved), {len(self.compiled)} compiled ({sum(seconds for _, seconds in self.compiled):.1f} s{named}), "
+                f"{self.writes} written")
 
 
 def use_persistent_cache(path: str) -> PersistentCache:
     """Turns on JAX's persistent compilation cache at `path` (a local directory, or gs:// through etils' path
     layer): a restarted run reads its programs back instead of compiling them (gemma3-1b's step: minutes on a v5e
     chip). JAX keys each entry by the program, its compile options, the devices and the jax and jaxlib versions,
-    so a changed program or another slice misses. Programs that compile in under a second are not kept (JAX's
-    default). The executables are the device's own: `fit`'s topology compiles cannot use it (above). A local
-    folder that cannot be made is one line here (JAX would warn at every compile and go on without it)."""
+    so a changed program or another slice misses. Every program is kept, however short its compile: JAX's
+    default keeps only those of a second or more, and a start compiled the rest again (on a chip, programs near
+    that second were compiled by one start and not kept by the one before). The executables are the device's
+    own: `fit`'s topology compiles cannot use it (above). A local folder that cannot be made is one line here
+    (JAX would warn at every compile and go on without it)."""
     if not storage.is_bucket(path):
         with storage.writing("--compilation-cache-dir", path):
             pathlib.Path(path).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     cache = PersistentCache(path)
     jax.monitoring.register_event_listener(cache._event)
     jax.monitoring.register_event_duration_secs_listener(cache._duration)

@@ -5,8 +5,9 @@ generated corpus and 512-piece tokenizer (no download). Each case (model, sequen
 side in a process of its own (bench.device_side), one after the other, since a TPU admits one program
 at a time: from an estimate of the batch that fits, halved while the step does not fit the device's memory, then
 3 warm-up steps and 4 repeats of 5 steps (median). Ours is the trainer's own step: with --training auto
-the first of a full fine-tune (float32), a lean one (--precision lean) and LoRA that the compiler fits in the
-chip's memory at some batch, and the figures say which and what was refused; the baseline is the
+the fastest full fine-tune (float32, --precision lean or lean-factored) that the compiler fits in the chip's memory
+at some batch, by the compiled step's bound (bench.training_choice), LoRA where none does, and the figures say
+which, what it was compared with and what was refused; the baseline is the
 tutorial's method (bfloat16 weights, full fine-tune). `--profile` adds, per side, the table of where a
 few traced steps' time went (trainer.measure.step_profile). Per case and side: useful
 tokens/s, MFU, step time, compiled step memory against the device's peak, the compiler's roofline
@@ -73,7 +74,8 @@ def run_side(side: str, case: Case, *, schedule, workdir: str, timeout: float, a
                        "--batch", str(case.batch), *options]
         else:
             command = [sys.executable, "-m", "bench.device_side", "--side", side, "--model", case.model,
-                       "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule), *options]
+                       "--seq-len", str(case.seq_len), "--batch", str(case.batch), "--schedule", *map(str, schedule),
+                       "--deadline", str(time.time() + timeout), *options]
         command += ["--result", result, "--workdir", workdir, *(["--accelerator"] if accelerator else [])]
         start = time.perf_counter()
         try:
@@ -133,6 +135,8 @@ def print_table(cases: list[dict]) -> None:
             print(f"| {case['model']} | {case['seq_len']} | {side} | {training} | {r['batch']} | "
                   f"{r['useful_tokens_per_s']:,.0f} | {percent(r['mfu'])} | {r['step_s'] * 1e3:.0f} ms | "
                   f"{gib(r['compiled_step_bytes'])} | {gib(r['device_peak_bytes'])} | {bound} | {over} |")
+        if "training_choice" in case["sides"].get("ours", {}):
+            print(f"  {case['model']} @ {case['seq_len']}: ours' {case['sides']['ours']['training_choice']}")
         if case["ours_over_baseline"] is not None:
             print(f"  {case['model']} @ {case['seq_len']}: ours/baseline, useful tokens/s: {case['ours_over_baseline']:.2f}x")
         if case.get("trainer_over_ours") is not None:
@@ -170,7 +174,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trainer-arg", dest="trainer_args", action="append", default=[],
                         help="one more flag for the trainer side's python -m trainer, as --trainer-arg=--grad-accum-steps=4")
     parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
-                        help="what ours trains: full (float32 state), lean (bfloat16 state), lora; auto: the first of these the compiler fits")
+                        help="what ours trains: full (float32 state), lean or lean-factored (bfloat16 state), lora; auto: the fastest full "
+                        "fine-tune the compiler fits, by its bound (bench.training_choice), LoRA where none does")
     parser.add_argument("--batch", type=int, help="start each side at this global batch (halved while it does not fit) "
                         "instead of the estimate of what fits under the case's cap")
     parser.add_argument("--profile", action="store_true", help="trace a few steps of each side: the table of where their time goes")

@@ -18,10 +18,12 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import jax
 
 from bench import inputs as inputs_lib
+from bench import training_choice
 from bench.baseline import Baseline
 from bench.ours import Ours
 from bench.side import Side
@@ -31,13 +33,13 @@ from trainer import config as config_lib
 from trainer.errors import UserError
 from trainer.measure import flops, hbm_traffic, step_profile
 from trainer.model import models
-from trainer.run import hbm, mesh
-from trainer.run import hardware
+from trainer.run import hardware, hbm, mesh, step
 
-LORA_RANK = 16  # ours when neither full fine-tune fits the chip
-# What ours trains, by --training: (precision, LoRA rank). auto takes the first the compiler fits at some batch.
+LORA_RANK = 16  # ours when no full fine-tune fits the chip
+# What ours trains, by --training: (precision, LoRA rank). auto takes the fastest full fine-tune the compiler fits
+# (bench.training_choice), LoRA where none does: it trains something else.
 TRAININGS = {"full": ("float32", 0), "lean": ("lean", 0), "lean-factored": ("lean-factored", 0), "lora": ("float32", LORA_RANK)}
-AUTO = ("full", "lean", "lean-factored", "lora")
+FULL_FINE_TUNES, LORA = ("full", "lean", "lean-factored"), "lora"
 # The first batch's estimate (rounded up to a power of two; halving corrects an overshoot): bytes of state per
 # parameter (ours: weights, gradients and AdamW's moments; the baseline: bfloat16 weights and float32 moments),
 # and per position the layers' saved activations (bfloat16, about 12 x the width and 4 x the feed-forward's
@@ -90,44 +92,94 @@ class DoesNotFit(Exception):
         self.refused = refused
 
 
-def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, training: str, schedule: Schedule, log,
-           step_options: dict | None = None):
-    """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit;
-    DoesNotFit when batch 1 does not either."""
+def halving(name: str, attempt, *, batch: int, log):
+    """(attempt(batch), batches refused): `attempt` at `batch`, halved while the compiler or the device refuses it
+    for memory; DoesNotFit when batch 1 is refused too. `attempt` closes the side it made before it raises."""
     refused = []
     while True:
-        side = None
         try:
-            side = make_side(name, model_config, inputs, seq_len=seq_len, batch=batch, training=training, step_options=step_options)
-            return side, measure([side], schedule, log=log)[side.name], refused
+            return attempt(batch), refused
         except Exception as error:  # the compiler's refusal, or the device's at run time
             if not out_of_memory(error):
                 raise
             reason = str(error).splitlines()[0][:160]
             refused.append(batch)
-            if side is not None:
-                side.close()
-            del side
-            gc.collect()
             if batch == 1:
                 raise DoesNotFit(refused, reason) from error
-            log(f"  {name}: batch {batch} does not fit ({reason}); halving")
-            batch //= 2
+        gc.collect()  # the refused side's arrays leave the device
+        log(f"  {name}: batch {batch} does not fit ({reason}); halving")
+        batch //= 2
 
 
-def first_that_fits(name: str, model_config, inputs, trainings, *, first, seq_len: int, schedule: Schedule, log,
-                    step_options: dict | None = None):
-    """(training, side, repeats, batches refused, the trainings refused before it): the first of `trainings`
-    the compiler fits at some batch, from `first(training)` halved; DoesNotFit naming each when none does."""
+def _using(side: Side, use):
+    """use(side), the side closed (its loader's thread stopped) when that raises."""
+    try:
+        return use(side)
+    except Exception:
+        side.close()
+        raise
+
+
+def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, training: str, schedule: Schedule, log,
+           step_options: dict | None = None, compiled: Side | None = None):
+    """(side, measured repeats, batches refused): the side at `batch`, halved while it does not fit;
+    DoesNotFit when batch 1 does not either. `compiled`: the side already compiled at `batch`, measured first."""
+    given = iter([compiled] if compiled else [])
+
+    def attempt(rows: int):
+        side = next(given, None) or make_side(name, model_config, inputs, seq_len=seq_len, batch=rows, training=training,
+                                              step_options=step_options)
+        return _using(side, lambda side: (side, measure([side], schedule, log=log)[side.name]))
+
+    (side, repeats), refused = halving(name, attempt, batch=batch, log=log)
+    return side, repeats, refused
+
+
+def compiled_candidate(model_config, inputs, training: str, *, batch: int, seq_len: int, log, step_options: dict | None,
+                       refusals: list[str]) -> training_choice.Candidate | None:
+    """--training auto's candidate: ours with `training` compiled, not run, at `batch` halved while the compiler
+    refuses it; None, its refusal added to `refusals`, where batch 1 is refused too."""
+    def attempt(rows: int):
+        side = make_side("ours", model_config, inputs, seq_len=seq_len, batch=rows, training=training, step_options=step_options)
+        _using(side, Side.compile)
+        return side
+
+    try:
+        side, refused = halving("ours", attempt, batch=batch, log=log)
+    except DoesNotFit as refusal:
+        _refused(training, refusal, refusals, log)
+        return None
+    return training_choice.Candidate(training, side, tokens_per_step=side.batch_size * seq_len, speed=side.speed(),
+                                     compile_s=side.compile_s, batches_refused=tuple(refused))
+
+
+def _refused(training: str, refusal: DoesNotFit, refusals: list[str], log) -> None:
+    log(f"  ours, {training_label(training)}: {refusal}")
+    refusals.append(f"{training_label(training)}: {refusal}")
+
+
+def auto_training(model_config, inputs, *, first, seq_len: int, schedule: Schedule, log, step_options: dict | None,
+                  least_recomputation: str, seconds_left, measured_steps: int):
+    """--training auto: (training, side, repeats, batches refused, the trainings refused, the Choice). The fastest
+    full fine-tune by the compiler's bound (bench.training_choice), each compiled from `first(training)` halved, then
+    measured; LoRA where none fits; DoesNotFit naming each refusal when LoRA does not either."""
     refusals = []
-    for training in trainings:
-        try:
-            return (training, *fitted(name, model_config, inputs, seq_len=seq_len, batch=first(training), training=training,
-                                      schedule=schedule, log=log, step_options=step_options), refusals)
-        except DoesNotFit as refusal:
-            log(f"  {name}, {training_label(training)}: {refusal}")
-            refusals.append(f"{training_label(training)}: {refusal}")
-    raise DoesNotFit([], "; ".join(refusals))
+    choice = training_choice.choose(
+        FULL_FINE_TUNES, lambda training: compiled_candidate(model_config, inputs, training, batch=first(training), seq_len=seq_len,
+                                                             log=log, step_options=step_options, refusals=refusals),
+        least_recomputation=least_recomputation, seconds_left=seconds_left, measured_steps=measured_steps, log=log)
+    if (chosen := choice.chosen) is not None:
+        log(f"  {choice.words()}")
+        side, repeats, refused = fitted("ours", model_config, inputs, seq_len=seq_len, batch=chosen.side.batch_size,
+                                        training=chosen.training, schedule=schedule, log=log, step_options=step_options,
+                                        compiled=chosen.side)
+        return chosen.training, side, repeats, [*chosen.batches_refused, *refused], refusals, choice
+    try:
+        return (LORA, *fitted("ours", model_config, inputs, seq_len=seq_len, batch=first(LORA), training=LORA, schedule=schedule,
+                              log=log, step_options=step_options), refusals, choice)
+    except DoesNotFit as refusal:
+        _refused(LORA, refusal, refusals, log)
+        raise DoesNotFit([], "; ".join(refusals)) from None
 
 
 def roofline(hlo: str, model_flops: float, chip: hardware.Chip | None) -> dict:
@@ -156,13 +208,21 @@ def run(args) -> dict:
     model_config = models.model_config(args.model, vocab_size=inputs.tokenizer.vocab_size)
     schedule = Schedule(*args.schedule)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    trainings = (AUTO if args.training == "auto" else (args.training,)) if args.side == "ours" else ("full",)
+    training = args.training if args.side == "ours" else "full"
     first = lambda training: args.batch if args.exact_batch else first_batch(  # noqa: E731
         args.side, model_config, seq_len=args.seq_len, training=training, bytes_limit=bytes_limit, cap=args.batch)
+    step_options = {"remat": args.remat, "vocab_chunk": args.vocab_chunk}
+    refusals, choice = [], None
     try:
-        training, side, repeats, refused, refusals = first_that_fits(args.side, model_config, inputs, trainings, first=first,
-                                                                     seq_len=args.seq_len, schedule=schedule, log=log,
-                                                                     step_options={"remat": args.remat, "vocab_chunk": args.vocab_chunk})
+        if training == "auto":
+            measured_steps = schedule.warmup_steps + schedule.repeats * schedule.steps_per_repeat + (PROFILE_STEPS if args.profile else 0)
+            training, side, repeats, refused, refusals, choice = auto_training(
+                model_config, inputs, first=first, seq_len=args.seq_len, schedule=schedule, log=log, step_options=step_options,
+                least_recomputation=step.remat_candidates(args.remat)[0], measured_steps=measured_steps,
+                seconds_left=lambda: (args.deadline or math.inf) - time.time())
+        else:
+            side, repeats, refused = fitted(args.side, model_config, inputs, seq_len=args.seq_len, batch=first(training),
+                                            training=training, schedule=schedule, log=log, step_options=step_options)
     except DoesNotFit as refusal:
         return {"side": args.side, "model": args.model, "seq_len": args.seq_len, "does_not_fit": str(refusal),
                 "device_kind": device.device_kind, "device_bytes_limit": bytes_limit}
@@ -179,7 +239,7 @@ def run(args) -> dict:
     analysis = side.memory_analysis()
     result = {
         "side": args.side, "model": args.model, "seq_len": args.seq_len, "batch": side.batch_size, "batches_refused": refused,
-        "training": chosen, **side.step_choices(),
+        "training": chosen, **(choice.figures() if choice else {}), **side.step_choices(),
         "parameters": flops.param_count(model_config), "device_kind": device.device_kind, "devices": jax.device_count(),
         "compile_s": side.compile_s, "step_s": step_s, "step_spread": spread(repeats.step_times),
         "repeats": len(repeats.step_times), "steps_per_repeat": schedule.steps_per_repeat,
@@ -220,7 +280,10 @@ def main(argv=None) -> int:
                        "while it does not", accelerator_help="refuse to measure on the CPU")
     parser.add_argument("--schedule", type=int, nargs=3, metavar=("WARMUP", "REPEATS", "STEPS"), required=True)
     parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
-                        help="what ours trains; auto: the first of full (float32), lean (bfloat16 state) and LoRA that the compiler fits")
+                        help="what ours trains; auto: the fastest of full (float32), lean and lean-factored (bfloat16 state) that the "
+                        "compiler fits, by its bound (the first that fits on the CPU), LoRA where none does")
+    parser.add_argument("--deadline", type=float, help="when the figures must be written, in seconds since the epoch "
+                        "(bench.device's --time-limit): --training auto compiles no further candidate than the time left allows")
     parser.add_argument("--exact-batch", action="store_true", help="start at --batch itself, not at the estimate of what fits")
     parser.add_argument("--profile", action="store_true", help="trace a few steps after the timing: where their time went")
     return write_result(run, parser.parse_args(argv))

@@ -1,6 +1,8 @@
 """Our side: the trainer's own loader, model, optimizer, mesh and train step, built and compiled as
 `trainer.loop` builds and compiles them (trainer.run.step.build_run_step, trainer.measure.compiled.compile_fastest: on TPU the
-rematerialisation and vocabulary chunk the compiler fits in memory)."""
+rematerialisation and vocabulary chunk the compiler fits in memory). The step is compiled from the state's shapes
+(the program is the one the loop's arrays give), and the state is built at the first step: a side compiled only to
+be compared (bench.training_choice) holds none of the device's memory."""
 
 from __future__ import annotations
 
@@ -34,16 +36,26 @@ class Ours(Side):
         compute_dtype = dtype or precision.compute_dtype()
         self.run_step = step.build_run_step(self.config, model_config, self.mesh, total_steps=1_000_000,
                                             compute_dtype=compute_dtype)
-        self.state, self.frozen = step.initial_state(self.config, model_config, self.run_step, resuming=False)
+        self.state = self.frozen = self.lowered = None
         self.batches = data_lib.batches(data, seq_len=seq_len, global_batch_size=batch_size, seed=seed, split="train")
 
     def _build(self):
-        self.run_step, _, compiled = compiled_lib.compile_fastest(
+        self.run_step, self.lowered, compiled = compiled_lib.compile_fastest(
             self.run_step, self.config, self.model_config,
-            train_args=lambda candidate: (self.state, self.frozen, step.abstract_batch(candidate, self.config)))
+            train_args=lambda candidate: step.abstract_train_args(candidate, self.config, self.model_config))
         return compiled
 
+    def speed(self) -> step.RematSpeed | None:
+        """The compiled step's bound by the compiler's figures (what --remat auto compares policies by); None on a
+        device of no known peak (the CPU)."""
+        if self.run_step.remat_speeds:  # --remat auto compared policies: the chosen one's is first
+            return self.run_step.remat_speeds[0]
+        estimate = compiled_lib.speed_estimate(self.config, self.model_config, list(self.mesh.devices.flat))
+        return estimate and estimate(self.run_step, self.lowered, self._compiled)
+
     def _dispatch(self, compiled):
+        if self.state is None:
+            self.state, self.frozen = step.initial_state(self.config, self.model_config, self.run_step, resuming=False)
         batch = next(self.batches)
         counts = StepCounts(useful_tokens=int(batch["loss_mask"].sum()), positions=batch["loss_mask"].size)
         self.state, metrics = compiled(self.state, self.frozen, mesh.global_batch(batch, self.mesh))

@@ -1,11 +1,14 @@
 """How an accelerator-benchmark side settles its batch and its training on a device's memory."""
 
+import math
+
 import pytest
 
 from bench import device_side
 from bench.side import Side, StepCounts
 from bench.throughput import Schedule
 from trainer.model import models
+from trainer.run.step import RematSpeed
 
 V5E_BYTES = int(15.7 * 2**30)  # what JAX reports as one TPU v5e chip's bytes_limit
 
@@ -44,25 +47,53 @@ def test_another_failure_is_not_taken_for_memory(monkeypatch):
         device_side.fitted("ours", None, None, seq_len=8, batch=4, training="full", schedule=Schedule(0, 1, 1), log=print)
 
 
-def test_auto_takes_the_first_training_the_compiler_fits_and_says_what_it_refused(monkeypatch):
-    """On a v5e chip gemma3-1b's float32 state (16 bytes a parameter) may not fit where the lean one (8) does:
-    the compiler's refusal, not a share of the chip's memory, moves ours to the next training."""
-    tried = []
+class OursThatFitsUpTo(SideThatFitsUpTo):
+    """Ours with the compiled step's bound by the compiler's figures (what --training auto compares)."""
 
-    def side_for(name, config, inputs, *, batch, training, **_):
-        tried.append((training, batch))
-        return SideThatFitsUpTo(batch, fits={"full": 0, "lean": 2, "lora": 8}[training])
+    def __init__(self, batch: int, fits: int, seconds: float, built: list, closed: list, training: str):
+        super().__init__(batch, fits)
+        self.seconds, self.built, self.closed, self.training = seconds, built, closed, training
 
-    monkeypatch.setattr(device_side, "make_side", side_for)
-    training, side, repeats, refused, refusals = device_side.first_that_fits(
-        "ours", None, None, device_side.AUTO, first=lambda training: 4, seq_len=8, schedule=Schedule(0, 1, 1), log=lambda line: None)
-    assert (training, side.batch_size, refused) == ("lean", 2, [4])
-    assert tried == [("full", 4), ("full", 2), ("full", 1), ("lean", 4), ("lean", 2)]
+    def _build(self):
+        self.built.append((self.training, self.batch_size))
+        return super()._build()
+
+    def speed(self):
+        return RematSpeed(remat="none", seconds=self.seconds, bound_by="bytes")
+
+    def close(self):
+        self.closed.append(self.training)
+
+
+def _auto(monkeypatch, fits: dict, seconds: dict):
+    """auto_training over sides that fit up to `fits[training]` rows with a bound of `seconds[training]`; (its
+    answer, the sides compiled as (training, batch), the trainings closed)."""
+    built, closed = [], []
+    monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, training, **_: OursThatFitsUpTo(
+        batch, fits[training], seconds.get(training, 1.0), built, closed, training))
+    answer = device_side.auto_training(None, None, first=lambda training: 4, seq_len=8, schedule=Schedule(0, 1, 1), log=lambda line: None,
+                                       step_options=None, least_recomputation="none", seconds_left=lambda: math.inf, measured_steps=1)
+    return answer, built, closed
+
+
+def test_auto_measures_the_fastest_full_fine_tune_it_compiled_and_says_what_it_refused(monkeypatch):
+    """On a v5e chip gemma3-1b's float32 state (16 bytes a parameter) may not fit where the lean ones do: the
+    compiler's refusal moves ours on; of those that fit, the one with more tokens a second by its bound is measured,
+    as it was compiled (not compiled again), and the other is let go."""
+    (training, side, repeats, refused, refusals, choice), built, closed = _auto(
+        monkeypatch, fits={"full": 0, "lean": 2, "lean-factored": 4}, seconds={"lean": 0.1, "lean-factored": 0.15})
+    assert (training, side.batch_size, refused, repeats.useful_tokens) == ("lean-factored", 4, [], [4])
+    assert built == [("full", 4), ("full", 2), ("full", 1), ("lean", 4), ("lean", 2), ("lean-factored", 4)]
+    assert closed == ["full", "full", "full", "lean", "lean"]  # each refused side, and lean once compared
     assert len(refusals) == 1 and refusals[0].startswith("full: batch 1 does not fit")
+    assert choice.words().startswith("--training auto took lean-factored at batch 4 (")
+
+
+def test_auto_trains_lora_where_no_full_fine_tune_fits_and_names_each_refusal(monkeypatch):
+    (training, side, *_), built, _ = _auto(monkeypatch, fits={"full": 0, "lean": 0, "lean-factored": 0, "lora": 8}, seconds={})
+    assert (training, side.batch_size, built[-1]) == ("lora", 4, ("lora", 4))
     with pytest.raises(device_side.DoesNotFit, match=r"full: .*; full, lean \(bfloat16 state\): .*; full, lean-factored \(bfloat16 state\): .*; LoRA rank 16: "):
-        monkeypatch.setattr(device_side, "make_side", lambda name, config, inputs, *, batch, **_: SideThatFitsUpTo(batch, fits=0))
-        device_side.first_that_fits("ours", None, None, device_side.AUTO, first=lambda training: 2, seq_len=8,
-                                    schedule=Schedule(0, 1, 1), log=lambda line: None)
+        _auto(monkeypatch, fits=dict.fromkeys(device_side.TRAININGS, 0), seconds={})
 
 
 @pytest.mark.parametrize("side", ["ours", "baseline"])

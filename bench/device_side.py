@@ -138,7 +138,10 @@ def fitted(name: str, model_config, inputs, *, seq_len: int, batch: int, trainin
 def compiled_candidate(model_config, inputs, training: str, *, batch: int, seq_len: int, log, step_options: dict | None,
                        refusals: list[str]) -> training_choice.Candidate | None:
     """--training auto's candidate: ours with `training` compiled, not run, at `batch` halved while the compiler
-    refuses it; None, its refusal added to `refusals`, where batch 1 is refused too."""
+    refuses it; None, its refusal added to `refusals`, where batch 1 is refused too. Its compile seconds count the
+    batches refused before it (what the next candidate may take too)."""
+    started = time.perf_counter()
+
     def attempt(rows: int):
         side = make_side("ours", model_config, inputs, seq_len=seq_len, batch=rows, training=training, step_options=step_options)
         _using(side, Side.compile)
@@ -150,7 +153,7 @@ def compiled_candidate(model_config, inputs, training: str, *, batch: int, seq_l
         _refused(training, refusal, refusals, log)
         return None
     return training_choice.Candidate(training, side, tokens_per_step=side.batch_size * seq_len, speed=side.speed(),
-                                     compile_s=side.compile_s, batches_refused=tuple(refused))
+                                     compile_s=time.perf_counter() - started, batches_refused=tuple(refused))
 
 
 def _refused(training: str, refusal: DoesNotFit, refusals: list[str], log) -> None:

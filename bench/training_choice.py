@@ -35,7 +35,7 @@ class Candidate:
     side: Side
     tokens_per_step: int
     speed: RematSpeed | None  # None: no chip's figures (the CPU)
-    compile_s: float
+    compile_s: float  # its compiles, the batches refused before it included
     batches_refused: tuple[int, ...] = ()  # by the compiler, before the batch that fits
 
     @property

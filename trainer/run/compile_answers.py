@@ -89,10 +89,9 @@ def use_persistent_cache(path: str) -> PersistentCache:
     layer): a restarted run reads its programs back instead of compiling them (gemma3-1b's step: minutes on a v5e
     chip). JAX keys each entry by the program, its compile options, the devices and the jax and jaxlib versions,
     so a changed program or another slice misses. Every program is kept, however short its compile: JAX's
-    default keeps only those of a second or more, and a start compiled the rest again (on a chip, programs near
-    that second were compiled by one start and not kept by the one before). The executables are the device's
-    own: `fit`'s topology compiles cannot use it (above). A local folder that cannot be made is one line here
-    (JAX would warn at every compile and go on without it)."""
+    default keeps only those of a second or more, and every start compiled the rest again. The executables are
+    the device's own: `fit`'s topology compiles cannot use it (above). A local folder that cannot be made is one
+    line here (JAX would warn at every compile and go on without it)."""
     if not storage.is_bucket(path):
         with storage.writing("--compilation-cache-dir", path):
             pathlib.Path(path).mkdir(parents=True, exist_ok=True)

@@ -61,15 +61,17 @@ def steady(records: list[dict]) -> list[dict]:
 def starts(run_dir: pathlib.Path, cache_lines: list[str | None]) -> list[dict]:
     """Each start of the run, in order: its time to its first step (process start to the loop's start: its
     goodput events' `ready`), of which goodput books `program_startup_s` as compiling and `restore_s` as
-    restoring, and the trainer's compilation cache line (None without --compilation-cache-dir)."""
+    restoring, its spans before the first step by name (inputs, weights, restore, compile: seconds), and the
+    trainer's compilation cache line (None without --compilation-cache-dir)."""
     attempts = sorted(read_attempts(run_dir / EVENTS_DIR), key=lambda events: events[0]["time"])
     figures = []
     for events, cache_line in zip(attempts, cache_lines, strict=True):
         seconds = goodput_accounting.account([events]).seconds
         ready = next(event for event in events if event["event"] == "ready")
+        spans = {event["event"]: event["seconds"] for event in events if "seconds" in event and event["time"] <= ready["time"]}
         figures.append({"start_step": ready["start_step"], "before_first_step_s": ready["time"] - events[0]["time"],
                         "program_startup_s": seconds["PROGRAM_STARTUP"],
-                        "restore_s": seconds["UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"], "compilation_cache": cache_line})
+                        "restore_s": seconds["UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"], "spans": spans, "compilation_cache": cache_line})
     return figures
 
 

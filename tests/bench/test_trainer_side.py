@@ -23,6 +23,8 @@ def test_a_restart_resumes_in_the_same_folder_and_reads_the_step_back(tmp_path):
     first, second = figures["starts"]
     assert first["start_step"] == 0 and first["restore_s"] == 0
     assert second["start_step"] >= 20 and second["restore_s"] > 0, second  # stopped after half its 40 steps, resumed
+    # what came before each first step, by name: the resumed full fine-tune builds no weights, restores them
+    assert set(first["spans"]) == {"inputs", "weights", "compile"} and set(second["spans"]) == {"inputs", "weights", "restore", "compile"}
     assert figures["restart_over_first"] == pytest.approx(second["before_first_step_s"] / first["before_first_step_s"])
     assert figures["before_first_step_s"] == first["before_first_step_s"] and figures["reports"] >= 2
     assert first["compilation_cache"].split(": ")[1].startswith("0 programs read back") and "jit(train)" in first["compilation_cache"]

@@ -58,7 +58,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     if config.profile_port:
         jax.profiler.start_server(config.profile_port)
 
-    inputs = resolve_inputs(config, workdir)
+    with events.span("inputs"):  # goodput books these two spans as TRAINING_PREP; they say what it was
+        inputs = resolve_inputs(config, workdir)
     model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size)
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     models.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
@@ -81,7 +82,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     tiers = local_checkpoints.Tiers(checkpointer, local)
     resume_step = tiers.newest_step()
 
-    state, frozen = step.initial_state(config, model_config, run_step, resuming=resume_step is not None)
+    with events.span("weights"):
+        state, frozen = step.initial_state(config, model_config, run_step, resuming=resume_step is not None)
     if resume_step is None:
         start_step = 0
     else:

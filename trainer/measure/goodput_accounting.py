@@ -4,7 +4,8 @@ Pure accounting of the events trainer.measure.run_events records, every attempt'
 from the first attempt's start to the last event of the last one, and splits into:
   productive           each kept step's computation (goodput = productive / wall)
   TPU_INITIALIZATION   process start to the devices being up (the interpreter and imports included)
-  TRAINING_PREP        inputs, model and state, and whatever else came before the first step
+  TRAINING_PREP        inputs, model and state (the `inputs` and `weights` spans say how much each), and
+                       whatever else came before the first step
   PROGRAM_STARTUP      compiling the step
   DATA_LOADING_SYNC    blocked on the next batch
   UNPRODUCTIVE_CHECKPOINT_SAVE_TIME / _RESTORE_TIME   the checkpoint time the loop waited on

@@ -10,6 +10,8 @@ The events, each with `time` (seconds since the epoch, when it ended):
   steps    steps `first`..`last`: `seconds` computing them, `data_seconds` blocked on their batches
            (one record per log interval, so that a long run's file stays small)
   restore, compile, save, eval, export   a span of `seconds` (restore and save name their `step`)
+  inputs, weights   spans before the first step: the tokenizer and data prepared (or read back), the
+           initial weights and state built (a resumed run: LoRA's frozen base only)
   end      the attempt ended; `status` is "done" or the exception that ended it
 A killed process writes no `end`. Its last steps record is still current to its last step: the record of
 the steps since the last flush is rewritten in place after every step, padded to a fixed width at the end of

@@ -168,7 +168,9 @@ def read_run(workdir: str, *, tokenizer: str | None = None) -> Run:
         raise UserError(f"--run {workdir}: the run's tokenizer {tokenizer_path} (in {config_file}) is not there; "
                         "pass --tokenizer PATH to the same SentencePiece model")
     loaded = tokenizer_lib.load_tokenizer(tokenizer_path)
-    return Run(pathlib.Path(workdir), config, models.model_config(config.model, vocab_size=loaded.vocab_size), loaded)
+    images = bool((recorded.get("model_config") or {}).get("vision"))  # a vision-language run's
+    return Run(pathlib.Path(workdir), config, models.model_config(config.model, vocab_size=loaded.vocab_size, images=images),
+               loaded)
 
 
 def epath_exists(path: str) -> bool:
@@ -207,15 +209,15 @@ def _latest_checkpoint_params(directory: str, abstract) -> tuple[int, dict] | No
 
 
 def run_weights(run: Run) -> tuple[dict, dict | None, str]:
-    """(trained, frozen, where from): as in trainer.run.step, frozen is None for a full fine-tune, else the
-    LoRA base, and trained the adapters. The latest checkpoint first, else WORKDIR/export."""
+    """(trained, frozen, where from): as in trainer.run.step (models.trained_and_frozen): frozen is None for a
+    text model's full fine-tune, else the LoRA base or the image encoder. The latest checkpoint first, else WORKDIR/export."""
 
     trained, frozen = models.initial_params(run.config, run.model_config, _on_one_device, resuming=True)
     found = _latest_checkpoint_params(run.config.resolved_checkpoint_dir, jax.eval_shape(lambda: trained))
     if found:
         step, trained = found
         return trained, frozen, f"the checkpoint of step {step} in {run.config.resolved_checkpoint_dir}"
-    export_dir = run.workdir / "export" / ("lora" if frozen is not None else "params")
+    export_dir = run.workdir / "export" / ("lora" if run.config.lora_rank else "params")
     if not export_dir.exists():
         raise UserError(f"--run {run.workdir}: no checkpoint in {run.config.resolved_checkpoint_dir} and no {export_dir}; "
                         "train first, or point --run at the run's workdir")
@@ -229,13 +231,13 @@ def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> 
     trained, frozen, source = run_weights(run)
     with shared_files.replaced_atomically(out) as temporary:
         temporary.mkdir()
-        if frozen is not None and lora_export == "adapter":
+        if run.config.lora_rank and lora_export == "adapter":
             write_adapter(temporary, run.model_config, trained, rank=run.config.lora_rank,
                           base_model=adapter_base_model(run.config), dtype=dtype)
         else:
-            params = trained if frozen is None else frozen if lora_export == "base" else models.merge_lora_into_base(
-                models.join_lora(frozen, trained))
-            write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype)
+            params = frozen if run.config.lora_rank and lora_export == "base" else models.merge_lora_into_base(
+                trained if frozen is None else models.join_lora(frozen, trained))
+            write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype, vision=run.model_config.vision)
         if out.exists():
             out.rmdir()  # empty (checked above): os.replace needs the name free on every filesystem
     return source

@@ -11,7 +11,7 @@ from trainer.data import chat, formats
 from trainer.gemma3 import config as gemma3_config
 
 # The one table of models: name -> Gemma 3 text architecture (trainer.gemma3.config; the vision tower of
-# 4B+ is neither built nor loaded: this trainer fine-tunes on text). trainer.model.models builds them and
+# 4B+ is built only for data with images: trainer.model.models.model_config). trainer.model.models builds them and
 # trainer.model.params_io names their official checkpoints; the stack config offers them (infra.config).
 GEMMA3_MODELS = gemma3_config.MODELS
 # A Gemma 3 architecture small enough for a laptop CPU, with a tokenizer trained on its data.

@@ -9,6 +9,10 @@ conversation that ends with a model turn; everything else is context.
 
 Each piece is tokenized on its own and the ids are joined, so a mask boundary is exactly a piece
 boundary; the turn markers are single special tokens, never spelled out of text pieces.
+
+An image part of a message renders as Gemma 3's processor expands it: `\n\n<start_of_image>`, the image's soft
+tokens (as many image tokens as the encoder gives an image: trainer.data.images.Layout), `<end_of_image>\n\n`. The markers
+and soft tokens are never trained (a soft token is no word to predict); the newlines go with their turn.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from trainer.data.formats import EMPTY_CONTENT, InvalidRow
+from trainer.data.formats import EMPTY_CONTENT, ImagePart, InvalidRow, content_text
 from trainer.errors import UserError
 
 START_OF_TURN, END_OF_TURN = "<start_of_turn>", "<end_of_turn>"
 TURN_TOKENS = (START_OF_TURN, END_OF_TURN)
+START_OF_IMAGE, END_OF_IMAGE = "<start_of_image>", "<end_of_image>"
+IMAGE_MARKERS = (START_OF_IMAGE, END_OF_IMAGE)
 COMPLETIONS, ALL = "completions", "all"
 LOSS_ON = (COMPLETIONS, ALL)
 USER, MODEL, SYSTEM = "user", "model", "system"
@@ -33,7 +39,8 @@ UNKNOWN_ROLE, MISPLACED_SYSTEM, NO_MODEL_TURN = "unknown-role", "misplaced-syste
 class Piece:
     text: str
     trained: bool
-    special: bool = False  # a turn marker: one token
+    special: bool = False  # a turn or image marker: one token
+    image: object = None  # an image's soft tokens (text ""): the row's ImagePart, then its pixels (trainer.data.prepare)
 
 
 def _turns(messages) -> list[tuple[str, str]]:
@@ -42,21 +49,41 @@ def _turns(messages) -> list[tuple[str, str]]:
     for number, (role, content) in enumerate(messages, start=1):
         if role not in _ROLES:
             raise InvalidRow(UNKNOWN_ROLE, f"message {number} has role {role!r}, not one of {', '.join(_ROLES)}")
-        if not content.strip():
+        if not content_text(content).strip() and not any(isinstance(part, ImagePart) for part in content):
             raise InvalidRow(EMPTY_CONTENT, f"message {number} ({role}) has no content")
         turns.append((_ROLES[role], content))
     if turns[0][0] == SYSTEM:
         if len(turns) < 2 or turns[1][0] != USER:
             raise InvalidRow(MISPLACED_SYSTEM, "the system message is not followed by a user message")
-        turns[:2] = [(USER, f"{turns[0][1]}\n\n{turns[1][1]}")]
+        turns[:2] = [(USER, _joined(turns[0][1], "\n\n", turns[1][1]))]
     if any(role == SYSTEM for role, _ in turns):
         raise InvalidRow(MISPLACED_SYSTEM, "a system message after the first message")
     return turns
 
 
-def _turn(role: str, content: str, *, trained: bool, header_trained: bool = False) -> list[Piece]:
+def _joined(*contents):
+    """Contents (strings or tuples of parts) one after the other: a string when all are."""
+    if all(isinstance(content, str) for content in contents):
+        return "".join(contents)
+    return tuple(part for content in contents for part in ((content,) if isinstance(content, str) else content))
+
+
+def _content(content, trained: bool) -> list[Piece]:
+    if isinstance(content, str):
+        return [Piece(content, trained)]
+    pieces = []
+    for part in content:
+        if isinstance(part, str):
+            pieces.append(Piece(part, trained))
+        else:
+            pieces += [Piece("\n\n", trained), Piece(START_OF_IMAGE, False, special=True), Piece("", False, image=part),
+                       Piece(END_OF_IMAGE, False, special=True), Piece("\n\n", trained)]
+    return [piece for piece in pieces if piece.text or piece.image is not None]
+
+
+def _turn(role: str, content, *, trained: bool, header_trained: bool = False) -> list[Piece]:
     return [Piece(START_OF_TURN, header_trained, special=True), Piece(f"{role}\n", header_trained),
-            Piece(content, trained), Piece(END_OF_TURN, trained, special=True), Piece("\n", trained)]
+            *_content(content, trained), Piece(END_OF_TURN, trained, special=True), Piece("\n", trained)]
 
 
 def render(messages, *, loss_on: str) -> list[Piece]:
@@ -78,15 +105,15 @@ def text_of(pieces: list[Piece]) -> str:
 
 
 @functools.lru_cache(maxsize=8)  # once per tokenizer, not per batch of documents
-def turn_token_ids(tokenizer) -> dict[str, int]:
-    """The ids of <start_of_turn> and <end_of_turn>. UserError when the tokenizer lacks them as single
-    pieces or adds a space before every piece (its tokens would not join into the rendered text)."""
+def turn_token_ids(tokenizer, markers: tuple[str, ...] = TURN_TOKENS) -> dict[str, int]:
+    """The ids of <start_of_turn> and <end_of_turn> (and of the other `markers`). UserError when the tokenizer
+    lacks them as single pieces or adds a space before every piece (its tokens would not join into the rendered text)."""
     processor = tokenizer.processor
-    ids = {token: processor.piece_to_id(token) for token in TURN_TOKENS}
+    ids = {token: processor.piece_to_id(token) for token in markers}
     missing = [token for token, token_id in ids.items() if token_id == processor.unk_id()]
     if missing:
         raise UserError(f"tokenizer {tokenizer.path}: no {' or '.join(missing)} piece, which chat data needs; use "
-                        "Gemma 3's tokenizer (--tokenizer official) or one trained for chat (--preset tiny-chat)")
+                        "Gemma 3's tokenizer (--tokenizer official) or one trained here for the data")
     from sentencepiece import sentencepiece_model_pb2  # here: trainer.config reads LOSS_ON without SentencePiece
 
     spec = sentencepiece_model_pb2.ModelProto.FromString(processor.serialized_model_proto()).normalizer_spec
@@ -96,17 +123,23 @@ def turn_token_ids(tokenizer) -> dict[str, int]:
     return ids
 
 
-def tokenize(tokenizer, documents: list[list[Piece]], *, threads: int = 1) -> list[tuple[list[int], list[bool]]]:
+def tokenize(tokenizer, documents: list[list[Piece]], *, threads: int = 1,
+             image_layout=None) -> list[tuple[list[int], list[bool]]]:
     """(token ids, trained flag per id) of each document: its text pieces tokenized in one batch call,
-    the turn markers as their ids."""
-    special = turn_token_ids(tokenizer) if any(p.special for pieces in documents for p in pieces) else {}
-    texts = [piece.text for pieces in documents for piece in pieces if not piece.special]
+    the markers as their ids, an image as `image_layout`'s soft tokens (trainer.data.images.Layout)."""
+    imaged = any(p.image is not None for pieces in documents for p in pieces)
+    special = turn_token_ids(tokenizer, TURN_TOKENS + IMAGE_MARKERS if imaged else TURN_TOKENS) \
+        if any(p.special for pieces in documents for p in pieces) else {}
+    texts = [piece.text for pieces in documents for piece in pieces if not piece.special and piece.image is None]
     encoded = iter(tokenizer.encode_batch(texts, threads=threads))
     tokenized = []
     for pieces in documents:
         ids, trained = [], []
         for piece in pieces:
-            piece_ids = [special[piece.text]] if piece.special else next(encoded)
+            if piece.image is not None:
+                piece_ids = [image_layout.token_id] * image_layout.soft_tokens
+            else:
+                piece_ids = [special[piece.text]] if piece.special else next(encoded)
             ids += piece_ids
             trained += [piece.trained] * len(piece_ids)
         tokenized.append((ids, trained))

@@ -3,7 +3,9 @@
 A format name says the container and what a row holds: `text` (UTF-8 documents, each ended by a
 separator), `jsonl-text`, `jsonl-chat`, `jsonl-prompt-response`, `parquet-text`, `parquet-chat`,
 `parquet-prompt-response`. A JSONL row is an object with "text", "messages" (a list of
-{"role", "content"}) or "prompt" and "response"; a Parquet file has columns of those names (a Hugging
+{"role", "content"}, a content
+being a string or a list of Hugging Face's parts, {"type": "text", "text": ...} and {"type": "image", "image": ...})
+or "prompt" and "response"; a Parquet file has columns of those names (a Hugging
 Face dataset's split, say). `auto` takes the container from the file name's extension and the row
 kind from the first row's keys (the columns of a Parquet file).
 
@@ -59,11 +61,24 @@ class InvalidRow(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class ImagePart:
+    """An image in a message: the part's "image" value as the row holds it (trainer.data.images reads it)."""
+
+    value: object
+
+
+@dataclasses.dataclass(frozen=True)
 class Row:
-    """One usable row: `text` (a text row) or `messages`, ((role, content), ...) as written (a chat)."""
+    """One usable row: `text` (a text row) or `messages`, ((role, content), ...) as written (a chat); a
+    content is a string, or a tuple of strings and ImageParts in order."""
 
     text: str | None = None
-    messages: tuple[tuple[str, str], ...] | None = None
+    messages: tuple[tuple[str, str | tuple[str | ImagePart, ...]], ...] | None = None
+
+
+def content_text(content) -> str:
+    """A message's text: its text parts joined."""
+    return content if isinstance(content, str) else "".join(part for part in content if isinstance(part, str))
 
 
 def kind_of(data_format: str) -> str:
@@ -168,14 +183,30 @@ def _row(values: dict, kind: str, max_row_bytes: int) -> Row:
     for number, message in enumerate(messages, start=1):
         if not isinstance(message, dict) or message.get("role") is None or message.get("content") is None:
             raise InvalidRow(MISSING_KEY, f"message {number} is not an object with \"role\" and \"content\"")
-        turns.append((_string(message["role"], f"message {number}'s role"),
-                      _string(message["content"], f"message {number}'s content")))
+        turns.append((_string(message["role"], f"message {number}'s role"), _content(message["content"], number)))
     return _within(Row(messages=tuple(turns)), max_row_bytes)
+
+
+def _content(content, number: int):
+    """A message's content: a string, or its list of text and image parts as a tuple."""
+    if not isinstance(content, list):
+        return _string(content, f"message {number}'s content")
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append(_string(part.get("text"), f"message {number}'s text part"))
+        elif kind == "image" and part.get("image") is not None:
+            parts.append(ImagePart(part["image"]))
+        else:
+            raise InvalidRow(WRONG_TYPE, f"message {number}'s content holds a part that is neither "
+                                         "{\"type\": \"text\", \"text\": ...} nor {\"type\": \"image\", \"image\": ...}")
+    return tuple(parts)
 
 
 def _within(row: Row, max_row_bytes: int) -> Row:
     """`row`, unless its messages hold more characters than the row limit (a Parquet row has no line to measure)."""
-    characters = sum(len(content) for _, content in row.messages)
+    characters = sum(len(content_text(content)) for _, content in row.messages)
     if characters > max_row_bytes:
         raise InvalidRow(TOO_LONG, f"messages of {characters} characters, over the limit of {max_row_bytes}")
     return row

@@ -3,7 +3,8 @@
 Which windows of which documents each row holds is planned by trainer.data.packing from the
 documents' lengths alone, so the data order does not depend on the number of processes. Process p of
 P produces the rows of streams [p*B/P, (p+1)*B/P) of the global batch of B rows and reads only their
-documents' records; a thread prefetches the next batches. The iterator's position (each stream's
+documents' records; a thread prefetches the next batches. Data with images adds `images` to a batch:
+[rows, images_per_row, size, size, 3] uint8, a row's images in the order of their soft tokens, zeros past them. The iterator's position (each stream's
 open rows) is JSON for grain's checkpoint.
 """
 
@@ -17,7 +18,7 @@ import weakref
 import grain
 import numpy as np
 
-from trainer.data import chat, formats, packing
+from trainer.data import chat, formats, images, packing
 from trainer.data import prepare as prepare_lib
 from trainer.data.tokenizer import Tokenizer
 from trainer.errors import UserError
@@ -32,6 +33,17 @@ class TokenizedData:
     path: str
     meta: dict
     lengths: np.ndarray  # [documents] int32, EOS included
+    image_counts: np.ndarray | None = None  # [documents] int32, with images only
+
+    @property
+    def images(self) -> dict | None:
+        """How its records hold images (trainer.data.prepare's meta "images"), None without."""
+        return self.meta.get("images")
+
+    @property
+    def images_per_row(self) -> int:
+        """The images a packed row holds at most (a batch's `images` axis): as many as the fullest document has."""
+        return self.images["max_per_document"] if self.images else 0
 
     @property
     def documents(self) -> int:
@@ -72,6 +84,14 @@ class TokenizedData:
         bits = np.frombuffer(record, np.uint8, offset=length * prepare_lib.TOKEN_DTYPE.itemsize)
         return tokens, np.unpackbits(bits, count=length, bitorder=prepare_lib.MASK_BIT_ORDER).astype(np.float32)
 
+    def record_images(self, document: int, record: bytes) -> np.ndarray:
+        """[images, size, size, 3] uint8: the pixels after a record's tokens (and mask)."""
+        length, size = int(self.lengths[document]), self.images["size"]
+        offset = length * prepare_lib.TOKEN_DTYPE.itemsize
+        if self.meta.get("loss_mask") == prepare_lib.LOSS_MASK_BITS:
+            offset += -(-length // 8)
+        return np.frombuffer(record, np.uint8, offset=offset).reshape(-1, size, size, 3)
+
     def source(self) -> grain.sources.ArrayRecordDataSource:
         """Random access to the documents' token records, in document order across the shards."""
         return grain.sources.ArrayRecordDataSource([str(pathlib.Path(self.path) / s["file"]) for s in self.meta["shards"]])
@@ -84,10 +104,13 @@ def _cache_name(text_path: pathlib.Path, tokenizer_sha256: str, options: dict) -
 
 
 def open_data(data: str, *, tokenizer: Tokenizer, cache_dir: str, data_format: str = formats.AUTO,
-              loss_on: str = chat.COMPLETIONS, on_bad_row: str = formats.FAIL, log=lambda message: None) -> TokenizedData:
-    """Opens `data`: a directory made by `trainer.data.prepare` (checked against `tokenizer`) or a raw
-    file (text, JSONL or Parquet: trainer.data.formats), which is prepared once into `cache_dir` with
-    `data_format`, `loss_on` and `on_bad_row` and reused while it, the tokenizer and those are unchanged."""
+              loss_on: str = chat.COMPLETIONS, on_bad_row: str = formats.FAIL, image_layout: images.Layout | None = None,
+              warn=None) -> TokenizedData:
+    """Opens `data`: a directory made by `trainer.data.prepare` (checked against `tokenizer` and, if it has
+    images, `image_layout`) or a raw file (text, JSONL or Parquet: trainer.data.formats), which is prepared
+    once into `cache_dir` with `data_format`, `loss_on`, `on_bad_row` and `image_layout` (how the model reads
+    images; None: it reads none) and reused while it, the tokenizer and those are unchanged. `warn` gets a
+    line for each bad image skipped."""
     data_path = pathlib.Path(data)
     if data_path.is_dir():
         directory = data_path
@@ -102,15 +125,24 @@ def open_data(data: str, *, tokenizer: Tokenizer, cache_dir: str, data_format: s
         if data_format not in (formats.AUTO, prepared_as):
             raise UserError(f"--data-format {data_format}: --data {data} was prepared from {prepared_as}; leave "
                             "--data-format out for a prepared directory, or prepare the raw file again")
+        prepared_images = meta.get("images")
+        if prepared_images and (image_layout is None or image_layout.identity() != [
+                prepared_images["size"], prepared_images["token_id"], prepared_images["soft_tokens"]]):
+            raise UserError(f"--data {data}: prepared with images of {prepared_images['size']} pixels as "
+                            f"{prepared_images['soft_tokens']} tokens {prepared_images['token_id']}, which the model "
+                            f"reads {'not' if image_layout is None else 'otherwise'}; prepare the data for its --model")
     elif data_path.is_file():
         options = {"data_format": data_format, "loss_on": loss_on}
-        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, options)
-        meta = prepare_lib.prepare(data_path, tokenizer, directory, **options, on_bad_row=on_bad_row, log=log)
+        identity = {**options, "images": image_layout.identity()} if image_layout else options
+        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, identity)
+        meta = prepare_lib.prepare(data_path, tokenizer, directory, **options, on_bad_row=on_bad_row,
+                                   image_layout=image_layout, warn=warn)
     else:
         raise UserError(f"--data {data}: not found; pass a text, JSONL or Parquet file or a directory made by "
                         "`python -m trainer.data.prepare`")
     lengths = np.load(directory / meta["lengths_file"])
-    return TokenizedData(path=str(directory), meta=meta, lengths=lengths)
+    counts = np.load(directory / meta["images"]["counts_file"]) if meta.get("images") else None
+    return TokenizedData(path=str(directory), meta=meta, lengths=lengths, image_counts=counts)
 
 
 class _BatchIterator(grain.DatasetIterator):
@@ -123,14 +155,22 @@ class _BatchIterator(grain.DatasetIterator):
         self._packers = [packing.StreamPacker(plan, stream) for stream in streams]
         self._step = 0
 
-    def _row(self, windows: list[tuple[int, int]], tokens_of: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
-        """One packed row; a target position is trained when its target token is (the document's mask)."""
+    def _row(self, windows: list[tuple[int, int]], tokens_of: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+             ) -> dict[str, np.ndarray]:
+        """One packed row; a target position is trained when its target token is (the document's mask). A
+        document with images is one window (trainer.data.packing), so its images are the row's in order."""
         seq_len = self._plan.seq_len
         row = {key: np.zeros(seq_len, np.int32) for key in ("input_tokens", "target_tokens", "segment_ids", "positions")}
         row["loss_mask"] = np.zeros(seq_len, np.float32)
-        offset = 0
+        if self._data.images:
+            size = self._data.images["size"]
+            row["images"] = np.zeros((self._data.images_per_row, size, size, 3), np.uint8)
+        offset, image = 0, 0
         for segment, (document, window) in enumerate(windows, start=1):
-            tokens, trained = tokens_of[document]
+            tokens, trained, pixels = tokens_of[document]
+            if pixels is not None and len(pixels):
+                row["images"][image:image + len(pixels)] = pixels
+                image += len(pixels)
             start, size = window * seq_len, self._plan.window_pairs(document, window)
             span = slice(offset, offset + size)
             row["input_tokens"][span] = tokens[start:start + size]
@@ -152,7 +192,8 @@ class _BatchIterator(grain.DatasetIterator):
         tokens_of = {}
         for document, record in zip(documents, self._source.__getitems__(documents) if documents else []):
             tokens, trained = self._data.tokens_and_mask(document, record)
-            tokens_of[document] = (np.concatenate([[self._bos_id], tokens]), np.concatenate([[0.0], trained]))
+            pixels = self._data.record_images(document, record) if self._data.images else None
+            tokens_of[document] = (np.concatenate([[self._bos_id], tokens]), np.concatenate([[0.0], trained]), pixels)
         built = [self._row(row or [], tokens_of) for row in rows]
         return {key: np.stack([row[key] for row in built]) for key in built[0]}
 
@@ -212,7 +253,8 @@ def batches(data: TokenizedData, *, seq_len: int, global_batch_size: int, seed: 
             eval_fraction: float = 0.0, epochs: int | None = None, process_index: int = 0, process_count: int = 1,
             prefetch: bool = True, packing_bins: int = packing.PACKING_BINS) -> grain.DatasetIterator:
     """This process's share of the global batches: dicts of [global_batch_size // process_count, seq_len]
-    arrays `input_tokens`, `target_tokens`, `segment_ids`, `positions` (int32) and `loss_mask` (float32).
+    arrays `input_tokens`, `target_tokens`, `segment_ids`, `positions` (int32) and `loss_mask` (float32), and
+    with images `images` ([rows, data.images_per_row, size, size, 3] uint8).
     `epochs=None` repeats forever, reshuffled each epoch; `epochs=E` yields E * steps_per_epoch(...)
     batches; split "eval" is one pass in a fixed order.
     The iterator has get_state()/set_state() and works with grain.checkpoint.CheckpointSave/Restore."""

@@ -18,6 +18,9 @@ best-fit (a window goes where it leaves the least room) and emits one row at a t
 when a window fits nowhere) instead of all bins at once: on TinyStories-like lengths at seq 256,
 97-98% of positions hold a token.
 
+A document with images is never cut (its images' soft tokens must meet their pixels in one row): it must
+fit one window, and a row takes at most `images_per_row` images (the batch's image axis).
+
 Streams flow from one epoch into the next (an open row may mix the end of one epoch with the start
 of the next), so `epochs=None` never pads.
 """
@@ -78,6 +81,8 @@ class Plan:
     epochs: int | None
     bins: int
     cache_key: tuple  # identifies the reference packing (the data and every field above but seed and epochs)
+    image_counts: np.ndarray | None = None  # [documents] images each holds (data with images)
+    images_per_row: int = 0
     _epochs: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def _streams_of(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +109,10 @@ class Plan:
         window_index = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         window_pairs = np.minimum(self.seq_len, np.repeat(pairs, counts) - window_index * self.seq_len)
         return window_document, window_index, window_pairs
+
+    def window_images(self, document: int) -> int:
+        """The images of a window of `document` (its only window when it has any)."""
+        return 0 if self.image_counts is None else int(self.image_counts[document])
 
     def window_pairs(self, document: int, window: int) -> int:
         return int(min(self.seq_len, self.lengths[document] - window * self.seq_len))
@@ -132,6 +141,7 @@ class StreamPacker:
         self.epoch, self.cursor = 0, 0
         self.open_rows: list[list[tuple[int, int]]] = []
         self._free: list[int] = []
+        self._free_images: list[int] = []  # images each open row may still take
         self._load_epoch()
 
     def _load_epoch(self) -> None:
@@ -142,6 +152,7 @@ class StreamPacker:
 
     def _emit(self, index: int) -> list[tuple[int, int]]:
         self._free.pop(index)
+        self._free_images.pop(index)
         return self.open_rows.pop(index)
 
     def next_row(self) -> list[tuple[int, int]] | None:
@@ -154,20 +165,23 @@ class StreamPacker:
                 self._load_epoch()
                 continue
             window, size = (int(documents[self.cursor]), int(windows[self.cursor])), int(pairs[self.cursor])
+            images = self.plan.window_images(window[0])
             self.cursor += 1
             if size == seq_len:
                 return [window]
-            fits = min((i for i, free in enumerate(self._free) if free >= size), key=self._free.__getitem__,
-                       default=None)
+            fits = min((i for i, free in enumerate(self._free) if free >= size and self._free_images[i] >= images),
+                       key=self._free.__getitem__, default=None)
             if fits is not None:
                 self.open_rows[fits].append(window)
                 self._free[fits] -= size
+                self._free_images[fits] -= images
                 if self._free[fits] == 0:
                     return self._emit(fits)
                 continue
             emitted = self._emit(int(np.argmin(self._free))) if len(self.open_rows) == self.plan.bins else None
             self.open_rows.append([window])
             self._free.append(seq_len - size)
+            self._free_images.append(self.plan.images_per_row - images)
             if emitted is not None:
                 return emitted
         return self._emit(0) if self.open_rows else None
@@ -179,6 +193,8 @@ class StreamPacker:
         self.epoch, self.cursor = state["epoch"], state["cursor"]
         self.open_rows = [[tuple(w) for w in row] for row in state["open_rows"]]
         self._free = [self.plan.seq_len - sum(self.plan.window_pairs(*w) for w in row) for row in self.open_rows]
+        self._free_images = [self.plan.images_per_row - sum(self.plan.window_images(w[0]) for w in row)
+                             for row in self.open_rows]
         self._load_epoch()
 
 
@@ -191,7 +207,15 @@ def plan_split(data, *, seq_len, global_batch_size, seed, split, eval_fraction, 
     if split == "train" and len(documents) < global_batch_size:
         raise UserError(f"--batch-size {global_batch_size}: {len(documents)} training documents cannot fill "
                         f"{global_batch_size} batch rows; lower the batch size or add documents")
+    counts = data.image_counts
+    if counts is not None:
+        too_long = documents[(counts[documents] > 0) & (data.lengths[documents] > seq_len)]
+        if len(too_long):
+            raise UserError(f"--seq-len {seq_len}: {len(too_long)} documents with images are longer (the longest "
+                            f"{int(data.lengths[too_long].max())} tokens), and an image's tokens are never cut from its "
+                            "row; raise --seq-len to that or shorten those rows")
     return Plan(lengths=data.lengths, documents=documents, seq_len=seq_len, streams=global_batch_size, seed=seed,
                 shuffle=split == "train", epochs=1 if split == "eval" else epochs, bins=bins,
-                cache_key=(data.path, data.documents, data.tokens, split, eval_fraction, seq_len, global_batch_size, bins))
+                cache_key=(data.path, data.documents, data.tokens, split, eval_fraction, seq_len, global_batch_size, bins),
+                image_counts=counts, images_per_row=data.images_per_row)
 

@@ -4,7 +4,8 @@ The input is read as a stream (a 2 GB file is never held in memory) of documents
 by a separator, or the rows of a JSONL or Parquet file (trainer.data.formats), a chat or prompt/response
 row rendered with Gemma's chat template (trainer.data.chat). Each is tokenized, EOS is appended, and each
 becomes one record of little-endian int32 token ids; with loss on completions a chat's record is
-followed by its loss mask, one bit a token (LOSS_MASK_BITS). A bad row stops the run with its line
+followed by its loss mask, one bit a token (LOSS_MASK_BITS), then by its images' pixels (IMAGE_PIXELS: for a
+model that reads images, trainer.data.images), whose counts a document `images.npy` holds. A bad row stops the run with its line
 (--on-bad-row fail) or is left out and counted by reason in meta.json's "skipped_rows" (skip).
 The output directory holds the shards, `lengths.npy` (tokens per document, which lets every process
 plan the packing of the whole dataset without reading it) and `meta.json`. It is written in a
@@ -22,6 +23,7 @@ import argparse
 import array
 import collections
 import contextlib
+import dataclasses
 import http.client
 import json
 import os
@@ -35,7 +37,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from trainer import contract
-from trainer.data import chat, formats
+from trainer.data import chat, formats, images
 from trainer.data.corpus import SEPARATOR
 from trainer.data.tokenizer import OFFICIAL_TOKENIZER, Tokenizer, load_tokenizer
 from trainer.errors import UserError, entry_point
@@ -50,6 +52,9 @@ LOSS_MASK_BITS = "bits-after-tokens"
 MASK_BIT_ORDER = "little"
 META_FILE = contract.PREPARED_MARKER_FILE  # written last: its presence marks the output complete
 LENGTHS_FILE = "lengths.npy"
+IMAGE_COUNTS_FILE = "images.npy"
+# After a record's tokens (and mask): each image's [size, size, 3] uint8 RGB pixels, in the order of its tokens.
+IMAGE_PIXELS = "uint8-rgb-after-mask"
 TOKEN_DTYPE = np.dtype("<i4")
 
 _READ_BYTES = 1 << 20
@@ -70,7 +75,7 @@ def _is_url(source: str) -> bool:
 
 
 # What an output prepared before these options existed was prepared with.
-_IDENTITY_DEFAULTS = {"data_format": formats.AUTO, "loss_on": chat.COMPLETIONS}
+_IDENTITY_DEFAULTS = {"data_format": formats.AUTO, "loss_on": chat.COMPLETIONS, "images": None}
 
 
 def _source_identity(source: str, options: dict) -> dict:
@@ -140,7 +145,7 @@ def _document_batches(documents, max_chars: int):
     batch, chars = [], 0
     for document in documents:
         batch.append(document)
-        chars += sum(len(piece.text) for piece in document)
+        chars += sum(len(piece.text) if piece.image is None else piece.image.nbytes for piece in document)
         if chars >= max_chars:
             yield batch
             batch, chars = [], 0
@@ -181,46 +186,68 @@ class _ShardWriter:
         return self.shards
 
 
-def _documents(rows, kind: str, *, loss_on: str, on_bad_row: str, name: str, refused: collections.Counter, first: list):
-    """The pieces (trainer.data.chat.Piece) of each usable row. A refused row is the error with --on-bad-row
-    fail; with skip it is counted by reason in `refused` (and the first kept in `first`)."""
+def _with_pixels(pieces: list, layout: images.Layout | None, folder: pathlib.Path) -> list:
+    """The pieces with each image part's pixels in place of the part; InvalidRow for an image that does not
+    read, or any image where the model reads none (`layout` None)."""
+    if not any(piece.image is not None for piece in pieces):
+        return pieces
+    if layout is None:
+        raise formats.InvalidRow(images.BAD_IMAGE, "an image, and the model reads none: train a Gemma 3 of 4b or "
+                                                   "more (or tiny) on it, or leave the images out")
+    return [piece if piece.image is None else dataclasses.replace(
+        piece, image=images.pixels(images.image_part(piece.image.value), layout.size, folder=folder)) for piece in pieces]
+
+
+def _documents(rows, kind: str, *, loss_on: str, on_bad_row: str, name: str, refused: collections.Counter, first: list,
+               layout: images.Layout | None, folder: pathlib.Path, warn):
+    """The pieces (trainer.data.chat.Piece) of each usable row, images read. A refused row is the error with
+    --on-bad-row fail; with skip it is counted by reason in `refused` (and the first kept in `first`), and a
+    bad image is a line to `warn` too, naming it."""
     for location, row in rows:
         try:
             if isinstance(row, formats.InvalidRow):
                 raise row
-            yield [chat.Piece(row.text, trained=True)] if kind == formats.TEXT else chat.render(row.messages, loss_on=loss_on)
+            if kind == formats.TEXT:
+                yield [chat.Piece(row.text, trained=True)]
+            else:
+                yield _with_pixels(chat.render(row.messages, loss_on=loss_on), layout, folder)
         except formats.InvalidRow as invalid:
             if on_bad_row == formats.FAIL:
                 raise UserError(f"data file {name} {location}: {invalid.reason} ({invalid.detail}); fix the row or "
                                 "pass --on-bad-row skip to leave such rows out") from None
+            if invalid.reason == images.BAD_IMAGE:
+                warn(f"data file {name} {location}: skipped ({invalid.detail})")
             refused[invalid.reason] += 1
             first[:] = first or [f"{location}: {invalid.reason} ({invalid.detail})"]
 
 
 def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: pathlib.Path, *, on_bad_row, workers,
-                    shard_bytes, max_row_bytes, log):
+                    shard_bytes, max_row_bytes, layout, log, warn):
     name = source.get("url") or str(input_path)
     data_format = formats.detect(input_path, source["data_format"], name=name)
     kind = formats.kind_of(data_format)
     loss_on = chat.ALL if kind == formats.TEXT else source["loss_on"]
-    masked = loss_on == chat.COMPLETIONS
-    lengths = array.array("i")
+    layout = layout if kind != formats.TEXT else None  # text rows hold no images
+    masked = loss_on == chat.COMPLETIONS or layout is not None  # image tokens are never trained
+    lengths, image_counts = array.array("i"), array.array("i")
     refused, first_refused = collections.Counter(), []
     writer = _ShardWriter(directory, shard_bytes, log)
     try:
         rows = formats.read_rows(input_path, data_format, name=name, separator=source["separator"],
                                  max_row_bytes=max_row_bytes)
         documents = _documents(rows, kind, loss_on=loss_on, on_bad_row=on_bad_row, name=name, refused=refused,
-                               first=first_refused)
+                               first=first_refused, layout=layout, folder=input_path.parent, warn=warn)
         for batch in _document_batches(documents, _ENCODE_BATCH_CHARS):
-            for ids, trained in chat.tokenize(tokenizer, batch, threads=workers):
+            for pieces, (ids, trained) in zip(batch, chat.tokenize(tokenizer, batch, threads=workers, image_layout=layout)):
                 ids.append(tokenizer.eos_id)
                 trained.append(trained[-1])  # EOS is trained after a trained end (a model turn, or text)
                 record = np.asarray(ids, dtype=TOKEN_DTYPE).tobytes()
                 if masked:
                     record += np.packbits(np.asarray(trained, bool), bitorder=MASK_BIT_ORDER).tobytes()
-                writer.write(record)
+                pixels = [piece.image for piece in pieces if piece.image is not None]
+                writer.write(record + b"".join(image.tobytes() for image in pixels))
                 lengths.append(len(ids))
+                image_counts.append(len(pixels))
     finally:
         shards = writer.close()
     skipped = sum(refused.values())
@@ -232,6 +259,9 @@ def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: p
     if skipped:
         log(f"skipped {skipped} bad rows of {skipped + len(lengths)} (--on-bad-row skip): {_counts(refused)}")
     np.save(directory / LENGTHS_FILE, np.frombuffer(lengths, dtype=np.int32))
+    counts = np.frombuffer(image_counts, dtype=np.int32)
+    if counts.any():
+        np.save(directory / IMAGE_COUNTS_FILE, counts)
     meta = {
         "format": FORMAT_VERSION,
         "source": source,
@@ -253,6 +283,10 @@ def _write_prepared(input_path, source: dict, tokenizer: Tokenizer, directory: p
         "tokens": int(np.sum(np.frombuffer(lengths, dtype=np.int32), dtype=np.int64)),
         "shards": shards,
         "lengths_file": LENGTHS_FILE,
+        # Where a record's images are and how they read (null: no document has one).
+        "images": {"pixels": IMAGE_PIXELS, "size": layout.size, "token_id": layout.token_id,
+                   "soft_tokens": layout.soft_tokens, "images": int(counts.sum()), "counts_file": IMAGE_COUNTS_FILE,
+                   "max_per_document": int(counts.max())} if counts.any() else None,
     }
     # meta.json last: inside the temporary directory, its presence marks the shards as complete.
     (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -276,7 +310,8 @@ def read_meta(directory) -> dict:
     if meta.get("format") not in READABLE_FORMATS:
         raise UserError(f"{directory}: prepared with format {meta.get('format')}, this trainer reads formats "
                         f"{', '.join(map(str, READABLE_FORMATS))}; prepare it again into another directory")
-    missing = [f for f in [meta["lengths_file"]] + [s["file"] for s in meta["shards"]] if not (directory / f).is_file()]
+    files = [meta["lengths_file"], *([meta["images"]["counts_file"]] if meta.get("images") else []), *(s["file"] for s in meta["shards"])]
+    missing = [f for f in files if not (directory / f).is_file()]
     if missing:
         raise UserError(f"{directory}: incomplete prepared dataset, missing {', '.join(missing)}; prepare it again")
     return meta
@@ -301,19 +336,22 @@ def _check_reusable(meta: dict, directory: pathlib.Path, tokenizer: Tokenizer, s
 
 def prepare(source, tokenizer: Tokenizer, output_dir, *, data_format=formats.AUTO, loss_on=chat.COMPLETIONS,
             on_bad_row=formats.FAIL, separator=SEPARATOR, workers=1, shard_bytes=_SHARD_BYTES, download_dir=None,
-            max_row_bytes=formats.MAX_ROW_BYTES, log=lambda message: None) -> dict:
+            max_row_bytes=formats.MAX_ROW_BYTES, image_layout: images.Layout | None = None,
+            log=lambda message: None, warn=None) -> dict:
     """Tokenizes `source` (a local file or an http(s):// URL) with `tokenizer` into `output_dir` (see
     the module docstring) and returns its meta. `data_format` (trainer.data.formats; auto detects it),
     `loss_on` (trainer.data.chat: completions trains a chat's model turns only), `on_bad_row` (fail or
     skip); `workers` tokenizer threads; shards of about `shard_bytes` of token ids; a URL is downloaded
-    into `download_dir`; `log` gets progress lines."""
+    into `download_dir`; images are read as `image_layout` says (None: a row with one is bad); `log` gets
+    progress lines, `warn` (default `log`) the bad images skipped, one line each."""
     source, output_dir = str(source), pathlib.Path(output_dir)
     if data_format not in formats.DATA_FORMATS:
         raise UserError(f"--data-format {data_format}: unknown; choose from {', '.join(formats.DATA_FORMATS)}")
     if loss_on not in chat.LOSS_ON or on_bad_row not in formats.ON_BAD_ROW:
         raise UserError(f"--loss-on {loss_on} / --on-bad-row {on_bad_row}: choose --loss-on from "
                         f"{', '.join(chat.LOSS_ON)} and --on-bad-row from {', '.join(formats.ON_BAD_ROW)}")
-    identity = _source_identity(source, {"separator": separator, "data_format": data_format, "loss_on": loss_on})
+    options = {"separator": separator, "data_format": data_format, "loss_on": loss_on}
+    identity = _source_identity(source, {**options, "images": image_layout.identity()} if image_layout else options)
     if output_dir.exists() and not output_dir.is_dir():
         raise UserError(f"--output {output_dir}: is a file; pass a directory path")
     if output_dir.is_dir() and any(output_dir.iterdir()):
@@ -327,7 +365,8 @@ def prepare(source, tokenizer: Tokenizer, output_dir, *, data_format=formats.AUT
             with replaced_atomically(output_dir) as partial:  # replaces an empty output_dir, not a complete one
                 partial.mkdir()
                 return _write_prepared(input_path, recorded, tokenizer, partial, on_bad_row=on_bad_row,
-                                       workers=workers, shard_bytes=shard_bytes, max_row_bytes=max_row_bytes, log=log)
+                                       workers=workers, shard_bytes=shard_bytes, max_row_bytes=max_row_bytes,
+                                       layout=image_layout, log=log, warn=warn or log)
         except OSError:
             if not (output_dir / META_FILE).is_file():
                 raise

@@ -94,7 +94,7 @@ def train_tokenizer(corpus_path, output_path, *, vocab_size: int = 512, seed: in
         lines = _row_lines(corpus_path, data_format)
         options = {}
         if formats.kind_of(data_format) != formats.TEXT:
-            options = dict(user_defined_symbols=list(chat.TURN_TOKENS), normalization_rule_name="identity",
+            options = dict(user_defined_symbols=[*chat.TURN_TOKENS, *chat.IMAGE_MARKERS], normalization_rule_name="identity",
                            add_dummy_prefix=False, remove_extra_whitespaces=False)
     spm.set_random_generator_seed(seed)
     model, seen = io.BytesIO(), _SeenLines(lines)

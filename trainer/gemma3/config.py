@@ -39,6 +39,7 @@ class Gemma3Config:
     local_base_frequency: int = 10_000
     global_base_frequency: int = 1_000_000
     final_logit_softcap: float | None = None  # none in Gemma 3; kept for the loss head's generality
+    vision: VisionConfig | None = None  # the image encoder of a vision-language model (4b and larger), None: text only
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads or self.num_heads == self.num_kv_heads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pathlib
+import sys
 
 from trainer.config import TrainConfig
 from trainer.data import loader as data_lib
@@ -56,10 +57,15 @@ def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
         tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)  # the run's one load: everything after gets it
         return tokenizer, data_lib.open_data(data_source, tokenizer=tokenizer, cache_dir=str(workdir / "data_cache"),
                                              data_format=config.data_format, loss_on=config.loss_on,
-                                             on_bad_row=config.on_bad_row)
+                                             on_bad_row=config.on_bad_row, warn=_notice,
+                                             image_layout=models.image_layout(config.model, vocab_size=tokenizer.vocab_size))
 
     tokenizer, data = mesh.process_zero_first(f"the inputs in {workdir}", make_and_open)
     return Inputs(data=data, tokenizer=tokenizer, data_source=data_source, tokenizer_path=tokenizer_path)
+
+
+def _notice(line: str) -> None:
+    print(f"trainer: {line}", file=sys.stderr, flush=True)
 
 
 def describe_data(inputs: Inputs) -> str:
@@ -68,6 +74,8 @@ def describe_data(inputs: Inputs) -> str:
     skipped = data.skipped_rows
     line = (f"{inputs.data_source}: {data.data_format}, {data.documents} documents, {data.tokens} tokens, "
             f"loss on {data.loss_on}")
+    if data.images:
+        line += f", {data.images['images']} images (at most {data.images_per_row} a row)"
     if skipped:
         line += f"; skipped {sum(skipped.values())} bad rows (" + ", ".join(f"{r} {n}" for r, n in skipped.items()) + ")"
     return line

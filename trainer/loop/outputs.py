@@ -60,13 +60,14 @@ def export_final(workdir: pathlib.Path, state, frozen, *, config: TrainConfig, m
     publication only warns: the weights are safe in export/params, and `python -m trainer.export`
     writes it again."""
     export_dir = workdir / "export"
-    if frozen is not None:
+    if config.lora_rank:
         checkpoint.export_params(state["params"], export_dir / "lora")
     base = jax.tree.map(lambda p: p.astype(jnp.float32), frozen)
     merged = models.merge_lora_into_base(step.model_params(state["params"], base))
     checkpoint.export_params(merged, export_dir / "params")
     writers = {
-        "hf": lambda folder, write: export.write_model(folder, model_config, merged, tokenizer, dtype="bfloat16", write=write),
+        "hf": lambda folder, write: export.write_model(folder, model_config, merged, tokenizer, dtype="bfloat16", write=write,
+                                                       vision=model_config.vision),
         "base": lambda folder, write: export.write_model(folder, model_config, frozen, tokenizer, dtype="bfloat16", write=write),
         "adapter": lambda folder, write: export.write_adapter(folder, model_config, state["params"], rank=config.lora_rank,
                                                               base_model=export.adapter_base_model(config), dtype="bfloat16",

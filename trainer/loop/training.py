@@ -60,7 +60,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
 
     with events.span("inputs"):  # goodput books these two spans as TRAINING_PREP; they say what it was
         inputs = resolve_inputs(config, workdir)
-    model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size)
+    model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size, images=bool(inputs.data.images))
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     models.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     compute_dtype = precision.compute_dtype(config.compute_dtype)
@@ -69,7 +69,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     total_steps = config.steps or config.epochs * data_lib.steps_per_epoch(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, eval_fraction=config.eval_fraction
     )
-    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=total_steps, compute_dtype=compute_dtype,
+                                   images_per_row=inputs.data.images_per_row)
     optimizer = run_step.optimizer
     train_batches = data_lib.batches(
         inputs.data, seq_len=config.seq_len, global_batch_size=config.batch_size, seed=config.seed, split="train",

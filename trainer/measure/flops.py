@@ -2,7 +2,7 @@
 
 No model is built: the counts follow the parameter shapes of trainer.gemma3.model, and the tests
 check them against an initialised model. Only the text decoder is
-counted; the trainer builds its models text-only, without a vision encoder.
+counted: a vision-language run's image encoder (trainer.gemma3.vision) is not, yet (issue 53).
 
 Attention is counted per token over the whole row (training_flops_per_token), or, from a batch's
 segment ids, within each packed document (attention_flops): packed rows hold documents of a few

@@ -6,6 +6,7 @@ compute dtype for the forward pass: AdamW's small updates would vanish when adde
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from trainer.config import GEMMA3_MODELS, TINY, TrainConfig
+from trainer.data import images
 from trainer.errors import UserError
 from trainer.gemma3 import config as gemma3_config
 from trainer.gemma3.config import Gemma3Config, VisionConfig
@@ -27,9 +29,57 @@ Params = dict[str, Any]
 _LOCAL_COPY = "copy the directory to a local disk and pass that"
 
 
-def model_config(name: str, *, vocab_size: int) -> Gemma3Config:
-    """The text architecture of a model; `vocab_size` (the tokenizer's) sizes only `tiny`."""
-    return gemma3_config.tiny(vocab_size) if name == TINY else GEMMA3_MODELS[name]
+def model_config(name: str, *, vocab_size: int, images: bool = False) -> Gemma3Config:
+    """The architecture of a model; `vocab_size` (the tokenizer's) sizes only `tiny`. With `images`, the
+    vision-language model (vision_config), else the text model alone."""
+    text = gemma3_config.tiny(vocab_size) if name == TINY else GEMMA3_MODELS[name]
+    return dataclasses.replace(text, vision=vision_config(name, vocab_size=vocab_size)) if images else text
+
+
+def vision_config(name: str, *, vocab_size: int) -> VisionConfig | None:
+    """The image encoder a model reads images with: SigLIP for gemma3-4b and larger, the tiny one for `tiny`
+    (its image token just past the tokenizer's pieces); None for the text-only 270m and 1b."""
+    if name == TINY:
+        return gemma3_config.tiny_vision(image_token_id=vocab_size)
+    return gemma3_config.SIGLIP if name in VISION_MODELS else None
+
+
+def image_layout(name: str, *, vocab_size: int) -> images.Layout | None:
+    """How a model's data holds images (None: the model reads none)."""
+    vision = vision_config(name, vocab_size=vocab_size)
+    return vision and images.Layout(size=vision.image_size, token_id=vision.image_token_id, soft_tokens=vision.soft_tokens)
+
+
+# What a vision-language run trains by default (issue 53): the language model (whole or its LoRA adapters) and
+# the projector; the image encoder stays as loaded.
+VISION_MODELS = ("gemma3-4b", "gemma3-12b", "gemma3-27b")
+_ENCODER = (("vision_encoder",),)
+_PROJECTOR = (("embedder", "mm_soft_embedding_norm"), ("embedder", "mm_input_projection"))
+
+
+def _apart(params: Params, paths) -> tuple[Params, Params]:
+    """(params without the branches at `paths`, those branches nested as in params); every path exists."""
+    rest, taken = dict(params), {}
+    for path in paths:
+        source, target = rest, taken
+        for key in path[:-1]:
+            source[key] = dict(source[key])
+            source, target = source[key], target.setdefault(key, {})
+        target[path[-1]] = source.pop(path[-1])
+    return rest, taken
+
+
+def trained_and_frozen(base: Params, adapters: Params | None = None) -> tuple[Params, Params | None]:
+    """The run's (trained, frozen) of its model's weights `base`: a full fine-tune (no `adapters`) trains them
+    all, but a vision-language model's image encoder; LoRA trains the adapters, and a vision-language model's
+    projector beside them. step.model_params joins them back."""
+    vision = "vision_encoder" in base
+    if adapters is None:
+        return _apart(base, _ENCODER) if vision else (base, None)
+    if not vision:
+        return adapters, base
+    frozen, projector = _apart(base, _PROJECTOR)
+    return join_lora(projector, adapters), frozen
 
 
 def check_vocabulary(name: str, config: Gemma3Config, *, tokenizer_path: str, vocab_size: int) -> None:
@@ -46,10 +96,10 @@ def official_checkpoint(name: str) -> str:
     return params_io.OFFICIAL_CHECKPOINTS[name]
 
 
-def build_model(config: Gemma3Config, *, dtype, lora_rank: int = 0, vision: VisionConfig | None = None) -> Transformer:
-    """The flax module; `dtype` is the dtype its parameters (and hence its computation) have; `vision`, the
-    image encoder of a vision-language model."""
-    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank, vision=vision)
+def build_model(config: Gemma3Config, *, dtype, lora_rank: int = 0) -> Transformer:
+    """The flax module; `dtype` is the dtype its parameters (and hence its computation) have; with
+    `config.vision`, a vision-language model."""
+    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank, vision=config.vision)
 
 
 def _dummy_inputs(vision: VisionConfig | None) -> tuple[jax.Array, ...]:
@@ -75,21 +125,20 @@ def _initialised(init: Callable, seed: int, out_shardings: Callable | None) -> P
     return jax.jit(init, out_shardings=shardings, compiler_options=options)(key)
 
 
-def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None,
-                vision: VisionConfig | None = None) -> Params:
+def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None) -> Params:
     """Random float32 parameters (base + adapters when lora_rank; the image encoder and projector with
-    `vision`), created already sharded."""
-    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank, vision=vision)
+    `config.vision`), created already sharded."""
+    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
 
     def init(key):
-        return model.init(key, *_dummy_inputs(vision))["params"]
+        return model.init(key, *_dummy_inputs(config.vision))["params"]
 
     return _initialised(init, seed, out_shardings)
 
 
 def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable | None = None) -> Params:
     """Only the LoRA adapter weights (B = 0, so the model starts as the base model)."""
-    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
+    model = build_model(dataclasses.replace(config, vision=None), dtype=jnp.float32, lora_rank=lora_rank)
 
     def init(key):
         return adapters_only(model.init(key, *_dummy_inputs(None))["params"])  # the base weights are dead code here
@@ -176,21 +225,21 @@ def _adapter_delta(weight_shape: tuple[int, ...], lora: Params) -> jax.Array:
 def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
     """(trained, frozen): full fine-tune -> (all weights, None); LoRA -> (adapters, base weights).
 
-    The run's one LoRA decision: past here, `frozen is None` is a full fine-tune (step.model_params).
-    A resumed full fine-tune restores every trained weight from the checkpoint, so only the
-    shapes are built here; a resumed LoRA run still needs its frozen base.
+    A vision-language model's image encoder is frozen in a full fine-tune too, and its projector trained with
+    LoRA (trained_and_frozen). A resumed text model's full fine-tune restores every weight from the checkpoint,
+    so only the shapes are built here; a resumed LoRA run (or vision-language one) still needs its frozen part.
     """
     if not config.lora_rank:
-        if resuming:
+        if resuming and model_config.vision is None:
             return jax.eval_shape(lambda: init_params(model_config, seed=config.seed, out_shardings=shard)), None
-        return _base_weights(config, model_config, shard), None
+        return trained_and_frozen(_base_weights(config, model_config, shard))
     base = _base_weights(config, model_config, shard)
     fresh = lambda: init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)  # noqa: E731
     if config.lora_weights and not resuming:  # a resumed run's adapters are its checkpoint's
         expected = jax.eval_shape(fresh)
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
-            return hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected)), base
-    return fresh(), base
+            return trained_and_frozen(base, hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected)))
+    return trained_and_frozen(base, fresh())
 
 
 def _weights_path(config: TrainConfig) -> str:
@@ -206,7 +255,7 @@ def _base_weights(config: TrainConfig, model_config, shard):
     expected = jax.eval_shape(lambda: init_params(model_config, seed=config.seed))
     with reading("--weights", path, instead=_LOCAL_COPY):
         if config.weights != "official" and hf_load.is_model_directory(path):
-            return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected))
+            return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected), vision=model_config.vision)
         return load_weights(path, flag="--weights", expected=expected, out_shardings=shard)
 
 
@@ -220,7 +269,7 @@ def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_s
             if config.weights != "official" and hf_load.is_model_directory(path):
                 expected = jax.eval_shape(lambda: init_params(model_config, seed=0))
                 hf_load.ModelDirectory(path).check(config.model, model_config, expected, tokenizer=tokenizer,
-                                                   vocab_size=vocab_size)
+                                                   vocab_size=vocab_size, vision=model_config.vision)
             else:
                 check_reachable("--weights", path, instead=_LOCAL_COPY)
     if config.lora_weights:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from trainer.data import images as images_lib
 from trainer.nn import layers as layers_lib
 
 # Logits of more elements than this ([tokens, vocab]) are computed in chunks instead. 2**26 float32 =
@@ -31,8 +32,10 @@ VOCAB_CHUNK = 16_384
 
 
 def hidden_states(model, params, batch, layers: layers_lib.LayerOptions = layers_lib.LayerOptions()) -> jax.Array:
-    """Final hidden states [B, L, D] of packed rows (trainer.gemma3.model)."""
-    return model.apply({"params": params}, batch["input_tokens"], batch["positions"], batch["segment_ids"], options=layers)
+    """Final hidden states [B, L, D] of packed rows (trainer.gemma3.model), with their images where the batch has them."""
+    images = batch.get("images")
+    return model.apply({"params": params}, batch["input_tokens"], batch["positions"], batch["segment_ids"],
+                       None if images is None else images_lib.normalised(images), options=layers)
 
 
 def _softcap(logits: jax.Array, cap: float | None) -> jax.Array:

@@ -31,8 +31,8 @@ State = dict[str, Any]
 
 
 def model_params(trained, frozen):
-    """The model's whole parameter tree: `trained` alone in a full fine-tune (`frozen` is None),
-    else LoRA's adapters joined to the frozen base."""
+    """The model's whole parameter tree: `trained` alone in a text model's full fine-tune (`frozen` is None),
+    else joined to the frozen part (LoRA's base, a vision-language model's image encoder: models.trained_and_frozen)."""
     return trained if frozen is None else models.join_lora(frozen, trained)
 
 
@@ -197,6 +197,7 @@ class RunStep:
     grad_accum_steps: int = 1  # --grad-accum-steps: micro-batches a step runs in sequence
     # --remat auto with an estimate: each policy compiled that fits, with its step time (compile_run_step)
     remat_speeds: tuple[RematSpeed, ...] = ()
+    images_per_row: int = 0  # a vision-language run's batch: the images each row holds at most (its data's)
 
     def shard(self, tree):
         """The state's shardings: replicated over `data`, split over `fsdp` when large (trainer.run.mesh)."""
@@ -228,8 +229,9 @@ def speed_words(speeds: tuple[RematSpeed, ...]) -> str:
     return line + "".join(f", over {other.remat} ({other.seconds:.3g} s, {other.bound_by})" for other in others)
 
 
-def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype) -> RunStep:
-    """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule. The step has
+def build_run_step(config, model_config, device_mesh, *, total_steps: int, compute_dtype, images_per_row: int = 0) -> RunStep:
+    """`config` is the run's TrainConfig; `total_steps` sizes the learning-rate schedule; a vision-language
+    model's batches hold `images_per_row` images a row. The step has
     the first policy of --remat and the --vocab-chunk that needs no compiler (trainer.run.vocab_chunk.fixed);
     compile_run_step settles both."""
     optimizer_settings = optimizer_config(config, total_steps=total_steps)
@@ -248,7 +250,8 @@ def build_run_step(config, model_config, device_mesh, *, total_steps: int, compu
                                     grad_accum_steps=config.grad_accum_steps)
     return RunStep(model=model, optimizer=optimizer, optimizer_config=optimizer_settings, compute_dtype=compute_dtype,
                    device_mesh=device_mesh, softcap=model_config.final_logit_softcap, state_shardings=state_shardings,
-                   vocab_chunk=chunk, layers=layers, functions=functions, grad_accum_steps=config.grad_accum_steps)
+                   vocab_chunk=chunk, layers=layers, functions=functions, grad_accum_steps=config.grad_accum_steps,
+                   images_per_row=images_per_row)
 
 
 def micro_batch_size(config) -> int:
@@ -345,14 +348,15 @@ def _fitting_head(run_step: RunStep, config, remat: str, chunks, train_args: Cal
 
 def abstract_params(config, model_config):
     """(trained, frozen) as shapes: what models.initial_params gives, without reading any weights."""
+    base = lambda: models.init_params(model_config, seed=config.seed)  # noqa: E731
     if not config.lora_rank:
-        return jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed)), None
-    base = jax.eval_shape(lambda: models.init_params(model_config, seed=config.seed))
-    return jax.eval_shape(lambda: models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank)), base
+        return jax.eval_shape(lambda: models.trained_and_frozen(base()))
+    adapters = lambda: models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank)  # noqa: E731
+    return jax.eval_shape(lambda: models.trained_and_frozen(base(), adapters()))
 
 
 BATCH_KEYS = {"input_tokens": jnp.int32, "target_tokens": jnp.int32, "segment_ids": jnp.int32, "positions": jnp.int32,
-              "loss_mask": jnp.float32}  # trainer.data.loader.batches' arrays
+              "loss_mask": jnp.float32}  # trainer.data.loader.batches' arrays (and "images" with images)
 
 
 def abstract_train_args(run_step: RunStep, config, model_config):
@@ -368,10 +372,16 @@ def abstract_train_args(run_step: RunStep, config, model_config):
 
 
 def abstract_batch(run_step: RunStep, config) -> dict:
-    """The global batch the train step takes, split over every device (trainer.run.mesh.global_batch)."""
+    """The global batch the train step takes, split over every device (trainer.run.mesh.global_batch); a
+    vision-language run's has its images (run_step.images_per_row a row)."""
     sharding = mesh.batch_sharding(run_step.device_mesh)
-    return {key: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), dtype, sharding=sharding)
-            for key, dtype in BATCH_KEYS.items()}
+    batch = {key: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), dtype, sharding=sharding)
+             for key, dtype in BATCH_KEYS.items()}
+    vision = run_step.model.config.vision
+    if vision is not None:
+        shape = (config.batch_size, run_step.images_per_row, vision.image_size, vision.image_size, 3)
+        batch["images"] = jax.ShapeDtypeStruct(shape, jnp.uint8, sharding=sharding)
+    return batch
 
 
 def step_fingerprint(lowered) -> str:

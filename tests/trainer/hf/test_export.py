@@ -45,7 +45,7 @@ def train(workdir, prepared_dir, tokenizer_path, *extra):
 def jax_logits(model_config, params, tokens, *, lora_rank=0, vision=None, images=None):
     """Each row one document from position 0 (with `vision`, its images at its image tokens), decoded with the
     tied embedding (and the final softcap)."""
-    model = models.build_model(model_config, dtype=jnp.float32, lora_rank=lora_rank, vision=vision)
+    model = models.build_model(dataclasses.replace(model_config, vision=vision), dtype=jnp.float32, lora_rank=lora_rank)
     if images is None:
         hidden = model.apply({"params": params}, jnp.asarray(tokens))
     else:  # compiled whole: op by op, the image encoder's first run compiled each of its ops (11 s against 3)

@@ -36,7 +36,7 @@ def one_device(tree):
 
 def load_model(directory, config, name="tiny", vision=None):
     found = hf_load.ModelDirectory(str(directory))
-    expected = jax.eval_shape(lambda: models.init_params(config, seed=0, vision=vision))
+    expected = jax.eval_shape(lambda: models.init_params(dataclasses.replace(config, vision=vision), seed=0))
     found.check(name, config, expected, vision=vision)
     return found.load(config, expected, one_device(expected), vision=vision)
 

@@ -3,6 +3,8 @@ shapes and parameter tree (so its checkpoints keep theirs), a packed row of docu
 computes what each document computes alone, with the splash kernel asked for too (a batch with images runs
 dense), and --remat covers the encoder's blocks. Logit equality with transformers' Gemma3ForConditionalGeneration: tests/trainer/hf/test_import.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,11 +44,11 @@ def test_the_full_size_encoder_and_projector_are_gemmas():
 
 def tiny_vision_model(rng):
     """The tiny model with the tiny encoder, random N(0, 0.1) weights (drawn by numpy: init would compile)."""
-    config = models.model_config("tiny", vocab_size=256)
     vision = gemma3_config.tiny_vision(image_token_id=256)
-    shapes_ = jax.eval_shape(lambda: models.init_params(config, seed=0, vision=vision))
+    config = dataclasses.replace(models.model_config("tiny", vocab_size=256), vision=vision)
+    shapes_ = jax.eval_shape(lambda: models.init_params(config, seed=0))
     params = jax.tree.map(lambda leaf: jnp.asarray(0.1 * rng.standard_normal(leaf.shape), leaf.dtype), shapes_)
-    return models.build_model(config, dtype=jnp.float32, vision=vision), vision, params
+    return models.build_model(config, dtype=jnp.float32), vision, params
 
 
 def document(rng, vision, length):

@@ -1,0 +1,140 @@
+"""Training with images (issue 53): chat rows whose messages hold images, prepared with their pixels, packed
+with their soft tokens, and a tiny vision-language model that trains on them through `python -m trainer`."""
+
+import json
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from PIL import Image, ImageDraw
+
+from trainer import contract, loop
+from trainer.config import parse_config
+from trainer.data import chat
+from trainer.data import loader as data_lib
+from trainer.data import prepare as prepare_lib
+from trainer.data.tokenizer import load_tokenizer, train_tokenizer
+from trainer.errors import UserError
+from trainer.model import models
+from trainer.run.metrics import read_metrics
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
+
+
+def write_images_chat(folder, rows=48, *, bad_line=None, bad_image=None):
+    """A chat JSONL of `rows` conversations, each a picture of a coloured disc and its colour as the answer;
+    line `bad_line` (1-based) names `bad_image` instead of a picture."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = list(COLOURS)
+    with (folder / "chat.jsonl").open("w") as out:
+        for number in range(1, rows + 1):
+            colour = names[number % len(names)]
+            image = f"disc-{number}.png"
+            picture = Image.new("RGB", (40, 30), (255, 255, 255))
+            ImageDraw.Draw(picture).ellipse((5, 3, 35, 27), fill=COLOURS[colour])
+            picture.save(folder / image)
+            if number == bad_line:
+                image = bad_image
+            messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                     {"type": "text", "text": "What colour is this?"}]},
+                        {"role": "assistant", "content": f"It is {colour}."}]
+            out.write(json.dumps({"messages": messages}) + "\n")
+    return folder / "chat.jsonl"
+
+
+@pytest.fixture(scope="module")
+def image_chat(tmp_path_factory):
+    path = write_images_chat(tmp_path_factory.mktemp("images"))
+    tokenizer = load_tokenizer(train_tokenizer(path, path.parent / "tokenizer.model", vocab_size=300))
+    return path, tokenizer
+
+
+def test_a_tiny_vision_model_trains_on_chat_rows_with_images_and_its_loss_falls(image_chat, tmp_path):
+    path, tokenizer = image_chat
+    args = ["--model", "tiny", "--weights", "random", "--data", str(path), "--tokenizer", tokenizer.path,
+            "--workdir", str(tmp_path), "--seq-len", "64", "--batch-size", "8", "--steps", "16", "--lr", "3e-3",
+            "--warmup-steps", "2", "--log-interval", "1", "--eval-fraction", "0", "--no-samples"]
+    loop.train(parse_config(args))
+    resolved = json.loads((tmp_path / "config.json").read_text())
+    assert resolved["model_config"]["vision"]["image_token_id"] == tokenizer.vocab_size
+    losses = [m["loss"] for m in read_metrics(tmp_path / "metrics.jsonl") if "loss" in m]
+    assert len(losses) == 16 and np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3]), losses
+    exported = json.loads((tmp_path / "export" / "hf" / "config.json").read_text())
+    assert exported["architectures"] == ["Gemma3ForConditionalGeneration"]
+    # By default the image encoder stays as it started; the projector and the language model train.
+    model_config = models.model_config("tiny", vocab_size=tokenizer.vocab_size, images=True)
+    frozen_in = resolved["compute_dtype"]  # the frozen encoder is held, so exported, in the compute dtype
+    start = dict(jax.tree_util.tree_flatten_with_path(jax.tree.map(lambda p: p.astype(frozen_in).astype(np.float32),
+                                                                   models.init_params(model_config, seed=0)))[0])
+    moved = {jax.tree_util.keystr(path).split("']")[0].strip("['") + ("/mm" if "mm_" in jax.tree_util.keystr(path) else "")
+             for path, value in jax.tree_util.tree_flatten_with_path(ocp.PyTreeCheckpointer().restore(tmp_path / "export" / "params"))[0]
+             if not np.array_equal(np.asarray(value), np.asarray(start[path]))}
+    assert "vision_encoder" not in moved and {"embedder/mm", "layer_0"} <= moved, moved
+
+
+def test_image_tokens_are_masked_from_the_loss_and_meet_their_pixels(image_chat, tmp_path):
+    """With --loss-on all every text token is trained, never an image's soft tokens (nor its markers); each row's
+    images are the pictures its image tokens stand for, in order."""
+    path, tokenizer = image_chat
+    layout = models.image_layout("tiny", vocab_size=tokenizer.vocab_size)
+    data = data_lib.open_data(str(path), tokenizer=tokenizer, cache_dir=str(tmp_path), loss_on=chat.ALL,
+                              image_layout=layout)
+    assert data.images["images"] == 48 and data.images_per_row == 1
+    batch = next(data_lib.batches(data, seq_len=64, global_batch_size=8, seed=0, prefetch=False))
+    image_targets = batch["target_tokens"] == layout.token_id
+    assert image_targets.sum() == 8 * layout.soft_tokens  # one image a row, each of its soft tokens a target
+    assert not batch["loss_mask"][image_targets].any()
+    assert batch["loss_mask"][(batch["segment_ids"] > 0) & ~image_targets].mean() > 0.8
+    assert batch["images"].shape == (8, 1, layout.size, layout.size, 3) and batch["images"].dtype == np.uint8
+    # a disc on white: the image's centre is coloured, its corner white
+    assert (batch["images"][:, 0, layout.size // 2, layout.size // 2].min(axis=-1) < 100).all()
+    assert (batch["images"][:, 0, 0, 0] == 255).all()
+
+
+@pytest.mark.parametrize("bad,why", [("missing.png", "not found"), ("chat.jsonl", "not an image Pillow reads")])
+def test_a_bad_image_is_one_line_naming_it_and_skip_leaves_its_row_out(tmp_path, image_chat, bad, why):
+    _, tokenizer = image_chat
+    path = write_images_chat(tmp_path / "data", rows=6, bad_line=3, bad_image=bad)
+    layout = models.image_layout("tiny", vocab_size=tokenizer.vocab_size)
+    with pytest.raises(UserError) as refused:
+        prepare_lib.prepare(path, tokenizer, tmp_path / "failed", image_layout=layout)
+    assert f"data file {path} line 3: bad-image (image {path.parent / bad}: {why})" in str(refused.value)
+    assert "--on-bad-row skip" in str(refused.value) and "\n" not in str(refused.value)
+    lines = []
+    meta = prepare_lib.prepare(path, tokenizer, tmp_path / "skipped", image_layout=layout, on_bad_row="skip",
+                               warn=lines.append)
+    assert lines == [f"data file {path} line 3: skipped (image {path.parent / bad}: {why})"]
+    assert meta["documents"] == 5 and meta["skipped_rows"] == {"bad-image": 1} and meta["images"]["images"] == 5
+
+
+def test_a_bad_image_stops_the_run_with_one_line(tmp_path, image_chat, capsys):
+    from trainer.__main__ import main
+
+    _, tokenizer = image_chat
+    path = write_images_chat(tmp_path / "data", rows=6, bad_line=2, bad_image="gone.png")
+    args = ["--model", "tiny", "--weights", "random", "--data", str(path), "--tokenizer", tokenizer.path,
+            "--workdir", str(tmp_path / "run"), "--seq-len", "64", "--batch-size", "2", "--steps", "1", "--no-samples"]
+    assert main(args) == contract.USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"image {path.parent / 'gone.png'}: not found); fix the row or pass --on-bad-row skip to leave "
+                        "such rows out") and "\n" not in err, err
+
+
+def test_a_document_with_images_is_never_cut_between_rows(image_chat, tmp_path):
+    path, tokenizer = image_chat
+    data = data_lib.open_data(str(path), tokenizer=tokenizer, cache_dir=str(tmp_path),
+                              image_layout=models.image_layout("tiny", vocab_size=tokenizer.vocab_size))
+    longest = int(data.lengths.max())
+    with pytest.raises(UserError, match=f"--seq-len {longest - 1}: .*the longest {longest} tokens"):
+        data_lib.batches(data, seq_len=longest - 1, global_batch_size=8, seed=0, prefetch=False)
+
+
+def test_lora_on_a_vision_language_model_trains_the_adapters_and_the_projector():
+    config = models.model_config("tiny", vocab_size=300, images=True)
+    base = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    adapters = jax.eval_shape(lambda: models.init_adapters(config, seed=1, lora_rank=4))
+    trained, frozen = models.trained_and_frozen(base, adapters)
+    assert set(trained["embedder"]) == {"mm_soft_embedding_norm", "mm_input_projection"}
+    assert "input_embedding" in frozen["embedder"] and "vision_encoder" in frozen and "vision_encoder" not in trained
+    assert jax.tree.structure(models.join_lora(frozen, trained)) == jax.tree.structure(models.join_lora(base, adapters))

@@ -17,6 +17,7 @@ from trainer.data import prepare as prepare_lib
 from trainer.data.tokenizer import load_tokenizer, train_tokenizer
 from trainer.errors import UserError
 from trainer.model import models
+from trainer.nn import loss
 from trainer.run.metrics import read_metrics
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
@@ -90,6 +91,12 @@ def test_image_tokens_are_masked_from_the_loss_and_meet_their_pixels(image_chat,
     # a disc on white: the image's centre is coloured, its corner white
     assert (batch["images"][:, 0, layout.size // 2, layout.size // 2].min(axis=-1) < 100).all()
     assert (batch["images"][:, 0, 0, 0] == 255).all()
+    # The loss reads the pictures: the same tokens with other pixels give another loss.
+    config = models.model_config("tiny", vocab_size=tokenizer.vocab_size, images=True)
+    params = models.init_params(config, seed=0)
+    sums = jax.jit(lambda images: loss.loss_sums(models.build_model(config, dtype=np.float32), params,
+                                                 {**batch, "images": images}, softcap=None, vocab_chunk=None)[0])
+    assert abs(float(sums(batch["images"])) - float(sums(255 - batch["images"]))) > 1e-3
 
 
 @pytest.mark.parametrize("bad,why", [("missing.png", "not found"), ("chat.jsonl", "not an image Pillow reads")])

@@ -5,9 +5,15 @@ chip: every restart paid them again), compiles nothing, and says so in one line;
 import re
 import subprocess
 import sys
+import types
+
+import jax
+import pytest
+from etils import epath
 
 from tests.trainer.test_bad_inputs import REPO
 from tests.trainer.test_train import tiny_args
+from trainer.run import compile_answers, hbm
 
 LINE = re.compile(r"trainer: compilation cache (?P<path>\S+): (?P<hits>\d+) programs read back \(about \d+ s of compiling "
                   r"saved\), (?P<compiled>\d+) compiled \([\d.]+ s(?P<names>.*)\), (?P<writes>\d+) written$")
@@ -40,3 +46,44 @@ def test_a_second_start_compiles_nothing_and_a_changed_program_misses(tmp_path, 
     changed = _start(tmp_path / "changed", prepared_dir, tokenizer_path, cache, "--lr", "1e-3")
     assert changed["compiled"] == changed["writes"] == 1 and changed["names"] == ["jit(train)"], changed
     assert changed["hits"] == first["writes"] - 1
+
+
+REFUSAL = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 256.00G of "
+           "15.75G hbm. Total hbm usage >= 256.00G: reserved 1.00M program 256.00G arg 4.00K; 256.00G required for "
+           "temporary allocations (256.00G) exceeds available HBM (15.75G)")
+
+
+class _Program:
+    """A lowered program that the compiler refuses for memory, or compiles; its compiles are counted."""
+
+    def __init__(self, text: str, *, refused: bool):
+        self.text, self.refused, self.compiles = text, refused, 0
+
+    def as_text(self) -> str:
+        return self.text
+
+    def compile(self, options):
+        self.compiles += 1
+        if self.refused:
+            raise jax.errors.JaxRuntimeError(REFUSAL)
+        return f"the executable of {self.text}"
+
+
+def test_a_memory_refusal_is_kept_in_the_cache_and_not_compiled_at_the_next_start(tmp_path, monkeypatch):
+    # What use_persistent_cache sets (it also turns on JAX's cache for the whole process, which a test must not).
+    monkeypatch.setattr(compile_answers, "_refusals", epath.Path(tmp_path) / compile_answers.REFUSALS)
+    device = types.SimpleNamespace(id=0, device_kind="TPU v5 lite")
+    probe = _Program("module @too_large", refused=True)
+    for _ in range(2):  # the first start and the next: the same refusal, compiled once
+        with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+            compile_answers.compile(probe, what="a probe", devices=[device])
+        assert hbm.memory_refusal(raised.value).available == int(15.75 * 2**30)
+    assert probe.compiles == 1
+    # Another program, or the same on another chip, is compiled; a program that compiles is JAX's to keep.
+    other = _Program("module @too_large_too", refused=True)
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        compile_answers.compile(other, what="another", devices=[types.SimpleNamespace(id=0, device_kind="TPU v6 lite")])
+    fits = _Program("module @fits", refused=False)
+    assert [compile_answers.compile(fits, what="a step", devices=[device]) for _ in range(2)] == ["the executable of module @fits"] * 2
+    assert other.compiles == 1 and fits.compiles == 2
+    assert len(list((tmp_path / compile_answers.REFUSALS).iterdir())) == 2  # no partial file left beside them

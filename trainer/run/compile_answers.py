@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 import jax
+from etils import epath
 
 from trainer import storage
 from trainer.run import hardware, tpu_flags
@@ -39,6 +40,8 @@ from trainer.run import hardware, tpu_flags
 _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
 
 
+REFUSALS = "refusals"  # the folder of the compilation cache that keeps memory refusals (_executable)
+_refusals = None  # that folder, once use_persistent_cache is called
 _HIT = "/jax/compilation_cache/cache_hits"
 _WRITE = "/jax/compilation_cache/cache_misses"  # JAX's name for an entry it writes after compiling
 _SAVED = "/jax/compilation_cache/compile_time_saved_sec"
@@ -79,7 +82,8 @@ class PersistentCache:
     def line(self) -> str:
         longest = sorted(self.compiled, key=lambda entry: -entry[1])[:3]
         named = "".join(f", {name} {seconds:.1f} s" for name, seconds in longest)
-        return (f"compilation cache {self.path}: {self.hits} programs read back (about {self.saved_s:.0f} s of compiling "
+        saved = max(self.saved_s, 0.0)  # below zero where reading a program back took longer than compiling it
+        return (f"compilation cache {self.path}: {self.hits} programs read back (about {saved:.0f} s of compiling "
                 f"saved), {len(self.compiled)} compiled ({sum(seconds for _, seconds in self.compiled):.1f} s{named}), "
                 f"{self.writes} written")
 
@@ -97,6 +101,8 @@ def use_persistent_cache(path: str) -> PersistentCache:
             pathlib.Path(path).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    global _refusals
+    _refusals = epath.Path(path) / REFUSALS
     cache = PersistentCache(path)
     jax.monitoring.register_event_listener(cache._event)
     jax.monitoring.register_event_duration_secs_listener(cache._duration)
@@ -230,7 +236,7 @@ def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the
     devices = list(devices)
     options = compile_options(devices)
     if _session is None:
-        return lowered.compile(options)
+        return _executable(lowered, devices, options)
     current, path = _session, None
     label = ": ".join([*current.doing, what])
     if current.cache_dir is not None:
@@ -251,6 +257,27 @@ def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the
     if path is not None:
         _write(path, entry)
     return _answer(entry)
+
+
+def _executable(lowered, devices: list, options: dict[str, str]):
+    """The compiler's executable. With --compilation-cache-dir, a memory refusal is kept there (REFUSALS, by
+    cache_key) and raised again at the next start without compiling: JAX keeps only programs that compiled,
+    and the trainer's searches meet refusals at every start (the usable-HBM probe, --vocab-chunk auto's heads,
+    --remat auto's policies: a refused train step costs as long to compile as one that fits)."""
+    if _refusals is None:
+        return lowered.compile(options)
+    kept = _refusals / f"{cache_key(lowered, devices, options)}.txt"
+    if kept.exists():
+        raise jax.errors.JaxRuntimeError(kept.read_text())
+    try:
+        return lowered.compile(options)
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" in str(error) and jax.process_index() == 0:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            partial = kept.parent / f"{kept.name}.{os.getpid()}.partial"  # a killed write leaves no refusal behind
+            partial.write_text(str(error))
+            partial.rename(kept)
+        raise
 
 
 def _answer(entry: dict) -> Answers:

@@ -141,6 +141,11 @@ def print_table(cases: list[dict]) -> None:
             print(f"  {case['model']} @ {case['seq_len']}: ours/baseline, useful tokens/s: {case['ours_over_baseline']:.2f}x")
         if case.get("trainer_over_ours") is not None:
             print(f"  {case['model']} @ {case['seq_len']}: python -m trainer / ours, steps per second: {case['trainer_over_ours']:.3f}x")
+        if case["sides"].get(TRAINER, {}).get("restart_over_first") is not None:
+            first, restart = case["sides"][TRAINER]["starts"]
+            print(f"  {case['model']} @ {case['seq_len']}: python -m trainer's restart reached its first step in "
+                  f"{restart['before_first_step_s']:.1f} s, {case['sides'][TRAINER]['restart_over_first']:.2f}x the first start's "
+                  f"{first['before_first_step_s']:.1f} s (program start-up {first['program_startup_s']:.1f} -> {restart['program_startup_s']:.1f} s)")
     for case in cases:
         for side, r in case["sides"].items():
             if "profile" in r:
@@ -173,6 +178,8 @@ def main(argv=None) -> int:
                         "JSONL, with ours' --training, --remat, --vocab-chunk and --batch")
     parser.add_argument("--trainer-arg", dest="trainer_args", action="append", default=[],
                         help="one more flag for the trainer side's python -m trainer, as --trainer-arg=--grad-accum-steps=4")
+    parser.add_argument("--trainer-restart", action="store_true", help="the trainer side's run is stopped (SIGTERM) after half its "
+                        "steps and started again in its folder: each start's time to its first step (bench.trainer_side --restart)")
     parser.add_argument("--training", choices=("auto", *TRAININGS), default="auto",
                         help="what ours trains: full (float32 state), lean or lean-factored (bfloat16 state), lora; auto: the fastest full "
                         "fine-tune the compiler fits, by its bound (bench.training_choice), LoRA where none does")
@@ -189,7 +196,7 @@ def main(argv=None) -> int:
     if TRAINER in (args.sides or ()) and not (args.batch or args.dry_run):
         parser.error("--side trainer runs one setting: give --batch (the run's --batch-size)")
     trainer_options = ["--training", args.training, "--remat", args.remat, "--vocab-chunk", str(args.vocab_chunk),
-                       *(f"--trainer-arg={flag}" for flag in args.trainer_args)]
+                       *(f"--trainer-arg={flag}" for flag in args.trainer_args), *(["--restart"] if args.trainer_restart else [])]
     start = time.perf_counter()
     # This process only prepares the inputs and starts the sides: it must not hold the chip they need.
     jax.config.update("jax_platforms", "cpu")

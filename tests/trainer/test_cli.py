@@ -116,7 +116,7 @@ def test_weights_of_another_vocabulary_are_refused(capsys, tmp_path, corpus_path
 
 def test_help_documents_the_command():
     result = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True, check=True)
-    for flag in ("--lora-rank", "--checkpoint-dir", "--mesh", "--samples, --no-samples", "--preset {tiny,tiny-chat}",
+    for flag in ("--lora-rank", "--checkpoint-dir", "--mesh", "--samples, --no-samples", "--preset {tiny,tiny-chat,tiny-vision}",
                  "--data-format {auto,text,jsonl-text,jsonl-chat,", "--loss-on {completions,all}", "--on-bad-row {fail,skip}"):
         assert flag in result.stdout
 

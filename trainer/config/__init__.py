@@ -1,4 +1,4 @@
-"""The trainer's options: one table of flags, a YAML file with the same keys, and the `tiny` and `tiny-chat` presets.
+"""The trainer's options: one table of flags, a YAML file with the same keys, and the `tiny`, `tiny-chat` and `tiny-vision` presets.
 
 Precedence, lowest first: built-in defaults, `--preset`, the `--config` YAML file, the command line.
 Every bad value raises `UserError` naming the flag (or the YAML key and file) and what is allowed.

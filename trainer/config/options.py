@@ -30,7 +30,7 @@ PRECISIONS = ("float32", "lean", "lean-factored")
 # moments (not the gradients, which --precision's 16 and 8 bytes count): float32 4 + 8, lean 2 + 4,
 # lean-factored 2 + 2 (its factored second moment is a row and a column a matrix: next to nothing).
 CHECKPOINT_BYTES_PER_TRAINED_PARAMETER = {"float32": 12, "lean": 6, "lean-factored": 4}
-PRESETS = ("tiny", "tiny-chat")
+PRESETS = ("tiny", "tiny-chat", "tiny-vision")
 # How reports print on stdout. json: one object a line (trainer.contract), which GKE's logging agent
 # turns into a log entry's jsonPayload, for the stack's log-based metrics to read.
 LOG_FORMATS = ("text", "json")
@@ -136,5 +136,6 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
 # trained on the model's turns only. Conversations are short (~35 tokens), so a row packs several.
 PRESET_VALUES["tiny-chat"] = {**PRESET_VALUES["tiny"], "steps": 300, "warmup_steps": 30, "eval_interval": 100,
                               "checkpoint_interval": 100, "log_interval": 20, "workdir": "runs/chat-demo"}
-
-
+# `--preset tiny-vision`: the same model with the tiny image encoder, taught to name the shape and colour of
+# generated pictures (trainer.data.vision_corpus). Its samples would ask text-only questions: none yet.
+PRESET_VALUES["tiny-vision"] = {**PRESET_VALUES["tiny-chat"], "workdir": "runs/vision-demo", "samples": False}

@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--workdir", help=f"run directory: config.json, metrics.jsonl, loss.png, exported params (default {d.workdir})")
     add("--seed", type=flag_values.seed, help=f"seed for initialisation and data order (default {d.seed})")
     add("--preset", choices=PRESETS, help="tiny: the local CPU demo (tiny model, random init, generated corpus and tokenizer, short run); "
-        "tiny-chat: the same on a generated chat corpus, trained on the model's answers")
+        "tiny-chat: the same on a generated chat corpus, trained on the model's answers; tiny-vision: the same with a "
+        "tiny image encoder, on generated pictures of coloured shapes")
     add("--config", help="YAML file whose keys are these flags' names with underscores; flags given here override it")
     add("--log-interval", type=flag_values.positive_int, help=f"steps between metric reports (default {d.log_interval})")
     add("--log-format", choices=LOG_FORMATS, help="how reports print on stdout: text (a progress bar on a terminal, a plain line "

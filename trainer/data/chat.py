@@ -113,7 +113,7 @@ def turn_token_ids(tokenizer, markers: tuple[str, ...] = TURN_TOKENS) -> dict[st
     missing = [token for token, token_id in ids.items() if token_id == processor.unk_id()]
     if missing:
         raise UserError(f"tokenizer {tokenizer.path}: no {' or '.join(missing)} piece, which chat data needs; use "
-                        "Gemma 3's tokenizer (--tokenizer official) or one trained here for the data")
+                        "Gemma 3's tokenizer (--tokenizer official) or one trained for chat (--preset tiny-chat)")
     from sentencepiece import sentencepiece_model_pb2  # here: trainer.config reads LOSS_ON without SentencePiece
 
     spec = sentencepiece_model_pb2.ModelProto.FromString(processor.serialized_model_proto()).normalizer_spec

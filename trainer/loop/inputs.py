@@ -12,6 +12,7 @@ from trainer.data import loader as data_lib
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.data.chat_corpus import write_chat_corpus
 from trainer.data.corpus import write_corpus
+from trainer.data.vision_corpus import write_vision_corpus
 from trainer.model import models
 from trainer.run import mesh
 
@@ -19,6 +20,7 @@ from trainer.run import mesh
 # The demo's generated inputs (`--preset tiny` or `tiny-chat` without --data / --tokenizer).
 DEMO_STORIES = 4000
 DEMO_CONVERSATIONS = 4000
+DEMO_IMAGES = 2000
 DEMO_VOCAB_SIZE = 512
 
 
@@ -31,24 +33,25 @@ class Inputs:
 
 
 def resolve_inputs(config: TrainConfig, workdir: pathlib.Path) -> Inputs:
-    """The tokenizer and the opened data; `--preset tiny` (stories) and `tiny-chat` (conversations)
-    generate what they are not given. A tokenizer trained here for chat data has the turn markers.
+    """The tokenizer and the opened data; `--preset tiny` (stories), `tiny-chat` (conversations) and
+    `tiny-vision` (pictures of shapes, asked about) generate what they are not given. A tokenizer trained here for chat data has the turn markers.
 
     What is generated or prepared in the workdir is made by process 0 while the others wait
     (mesh.process_zero_first): a multi-host slice shares one workdir.
     """
     generated = workdir / "data"
-    chat_demo = config.preset == "tiny-chat"
     # No --data only with --preset (parse_config).
-    data_source = config.data or str(generated / ("chat.jsonl" if chat_demo else "corpus.txt"))
+    data_source = config.data or str(generated / ("corpus.txt" if config.preset == "tiny" else "chat.jsonl"))
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
         tokenizer_path = str(generated / "tokenizer.model") if config.model == models.TINY else tokenizer_lib.OFFICIAL_TOKENIZER
 
     def make_and_open():
         if config.data is None and not pathlib.Path(data_source).exists():
-            if chat_demo:
+            if config.preset == "tiny-chat":
                 write_chat_corpus(data_source, num_conversations=DEMO_CONVERSATIONS, seed=config.seed)
+            elif config.preset == "tiny-vision":
+                write_vision_corpus(data_source, num_images=DEMO_IMAGES, seed=config.seed)
             else:
                 write_corpus(data_source, num_stories=DEMO_STORIES, seed=config.seed)
         if config.tokenizer is None and config.model == models.TINY and not pathlib.Path(tokenizer_path).exists():

@@ -1,0 +1,57 @@
+"""An image task the project generates itself, for `--preset tiny-vision` and the tests: pictures of one
+shape in one colour, drawn with Pillow, and a chat JSONL that asks about each ("What shape is this?" ->
+"A red circle."). The answer can only come from the picture: every question is the same.
+
+Each picture is a PNG beside the JSONL (images/NNNNN.png, named by its path relative to the JSONL's folder,
+as trainer.data.images reads it): a white square of SIZE pixels, the shape at a random place and size.
+"""
+
+import json
+import pathlib
+import random
+
+from trainer.shared_files import replaced_atomically
+
+SIZE = 56  # the tiny image encoder's (trainer.gemma3.config.tiny_vision): no resizing
+QUESTION = "What shape is this?"
+COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220), "yellow": (230, 200, 30)}
+SHAPES = ("circle", "square", "triangle")
+
+
+def _draw(shape: str, colour: str, rng: random.Random):
+    from PIL import Image, ImageDraw  # only for the generated images
+
+    picture = Image.new("RGB", (SIZE, SIZE), (255, 255, 255))
+    side = rng.randrange(SIZE // 3, SIZE - 8)
+    left, top = rng.randrange(2, SIZE - side - 1), rng.randrange(2, SIZE - side - 1)
+    box, fill, draw = (left, top, left + side, top + side), COLOURS[colour], ImageDraw.Draw(picture)
+    if shape == "circle":
+        draw.ellipse(box, fill=fill)
+    elif shape == "square":
+        draw.rectangle(box, fill=fill)
+    else:
+        draw.polygon([(left + side // 2, top), (left, top + side), (left + side, top + side)], fill=fill)
+    return picture
+
+
+def answer(shape: str, colour: str) -> str:
+    return f"A {colour} {shape}."
+
+
+def write_vision_corpus(path, *, num_images: int, seed: int = 0) -> pathlib.Path:
+    """Writes `num_images` pictures into images/ beside `path` and the chat JSONL about them at `path`."""
+    path = pathlib.Path(path)
+    folder = path.parent / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    rows = []
+    for number in range(num_images):
+        shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+        name = f"images/{number:05d}.png"
+        _draw(shape, colour, rng).save(path.parent / name)
+        rows.append({"messages": [
+            {"role": "user", "content": [{"type": "image", "image": name}, {"type": "text", "text": QUESTION}]},
+            {"role": "model", "content": answer(shape, colour)}]})
+    with replaced_atomically(path) as temporary:
+        temporary.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

@@ -1,5 +1,6 @@
 """The accelerator benchmark's CPU dry run, as it must run on the accelerator machine: without gemma,
-kauldron or TensorFlow (which cannot be brought there), each side in its own process, figures in JSON."""
+kauldron or TensorFlow (which cannot be brought there), each side in its own process, figures in JSON; the
+trainer side restarted as a preemption restarts it (--trainer-restart)."""
 
 import json
 import os
@@ -49,7 +50,8 @@ def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
     assert "No module named 'gemma'" in blocked.stderr
     out = tmp_path / "figures.json"
     run = subprocess.run([sys.executable, "-m", "bench.device", "--dry-run", "--profile", "--out", str(out), "--workdir", str(tmp_path),
-                          "--side", "ours", "--side", "baseline", "--side", "trainer", "--training", "full"],
+                          "--side", "ours", "--side", "baseline", "--side", "trainer", "--training", "full",
+                          "--trainer-restart", f"--trainer-arg=--compilation-cache-dir={tmp_path / 'compiles'}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "TPU_WORKER_HOSTNAMES" not in run.stdout + run.stderr
@@ -66,6 +68,18 @@ def test_the_dry_run_needs_no_gemma_and_writes_both_sides_figures(tmp_path):
     assert trainer["step_s"] > 0 and trainer["tokens_per_s"] > 0 and trainer["remat"] == case["sides"]["ours"]["remat"]
     assert case["trainer_over_ours"] == pytest.approx(case["sides"]["ours"]["step_s"] / trainer["step_s"])
     assert "python -m trainer / ours, steps per second" in run.stdout
+    # --trainer-restart: stopped after half its 40 steps as a preemption stops it, started again in its folder, it
+    # resumes from its checkpoint; each start's time to its first step, and what it spent it on, by name
+    first, second = trainer["starts"]
+    assert first["start_step"] == 0 and first["restore_s"] == 0
+    assert second["start_step"] >= 20 and second["restore_s"] > 0, second
+    assert set(first["spans"]) == {"inputs", "weights", "compile"} and set(second["spans"]) == {"inputs", "weights", "restore", "compile"}
+    assert trainer["restart_over_first"] == pytest.approx(second["before_first_step_s"] / first["before_first_step_s"])
+    assert "python -m trainer's restart reached its first step in" in run.stdout
+    # the train step and the rest of the first start's programs are read back (a restart compiles only what a
+    # first start never runs: restoring's own small programs)
+    assert first["compilation_cache"].split(": ")[1].startswith("0 programs read back") and "jit(train)" in first["compilation_cache"]
+    assert "jit(train)" not in second["compilation_cache"] and not second["compilation_cache"].split(": ")[1].startswith("0 ")
     # --profile: per side, where a traced step's time went; on the CPU every operation is the step's own
     for side in ("ours", "baseline"):
         rows = {row["category"]: row for row in case["sides"][side]["profile"]}

@@ -10,14 +10,15 @@ import pytest
 
 from trainer import contract, loop
 from trainer.config import parse_config
-from trainer.data import chat
+from trainer.data import chat, vision_corpus
 from trainer.data import loader as data_lib
 from trainer.data import prepare as prepare_lib
 from trainer.data.tokenizer import load_tokenizer, train_tokenizer
 from trainer.data.vision_corpus import write_vision_corpus
 from trainer.errors import UserError
-from trainer.model import models
+from trainer.model import models, sampling
 from trainer.nn import loss
+from trainer.run import step
 from trainer.run.metrics import read_metrics
 
 def with_bad_image(folder, rows, *, line, image):
@@ -43,7 +44,8 @@ def test_the_tiny_vision_preset_trains_on_chat_rows_with_images_and_its_loss_fal
     the data), shortened, on the generated image task."""
     path, _ = image_chat
     args = ["--preset", "tiny-vision", "--data", str(path), "--workdir", str(tmp_path), "--seq-len", "64",
-            "--batch-size", "8", "--steps", "16", "--warmup-steps", "2", "--log-interval", "1", "--eval-fraction", "0"]
+            "--batch-size", "8", "--steps", "16", "--warmup-steps", "2", "--log-interval", "1", "--eval-fraction", "0",
+            "--no-samples"]
     loop.train(parse_config(args))
     resolved = json.loads((tmp_path / "config.json").read_text())
     tokenizer = load_tokenizer(tmp_path / "data" / "tokenizer.model")
@@ -125,11 +127,43 @@ def test_a_document_with_images_is_never_cut_between_rows(image_chat, tmp_path):
         data_lib.batches(data, seq_len=longest - 1, global_batch_size=8, seed=0, prefetch=False)
 
 
-def test_lora_on_a_vision_language_model_trains_the_adapters_and_the_projector():
+def test_by_default_the_image_encoder_is_frozen_and_the_projector_trains_full_or_lora(image_chat):
+    path, tokenizer = image_chat
+    assert parse_config(["--model", "gemma3-4b", "--data", str(path)]).vision_encoder == "frozen"
     config = models.model_config("tiny", vocab_size=300, images=True)
     base = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    trained, frozen = models.trained_and_frozen(base)
+    assert set(frozen) == {"vision_encoder"} and "mm_input_projection" in trained["embedder"]
+    assert models.trained_and_frozen(base, train_encoder=True) == (base, None)
+    trains_it = parse_config(["--model", "gemma3-4b", "--data", str(path), "--vision-encoder", "trained"])
+    assert step.abstract_params(trains_it, config) == (base, None)
     adapters = jax.eval_shape(lambda: models.init_adapters(config, seed=1, lora_rank=4))
     trained, frozen = models.trained_and_frozen(base, adapters)
     assert set(trained["embedder"]) == {"mm_soft_embedding_norm", "mm_input_projection"}
     assert "input_embedding" in frozen["embedder"] and "vision_encoder" in frozen and "vision_encoder" not in trained
     assert jax.tree.structure(models.join_lora(frozen, trained)) == jax.tree.structure(models.join_lora(base, adapters))
+
+
+def test_a_vision_language_model_is_asked_about_each_picture_and_its_right_answers_counted(image_chat, monkeypatch):
+    """The samples of a vision-language run: answers to pictures it never trained on, and how many are right. The
+    decoder is stood in for: it records what it is shown and always says "A red circle."."""
+    _, tokenizer = image_chat
+    config = models.model_config("tiny", vocab_size=tokenizer.vocab_size, images=True)
+    shown = []
+
+    def decoder(model, params, prompt_ids, **kwargs):
+        shown.append((prompt_ids, kwargs["images"]))
+        return tokenizer.encode("A red circle.")
+
+    monkeypatch.setattr(sampling, "generate_ids", decoder)
+    monkeypatch.setattr(sampling, "HELD_OUT_PICTURES", 12)
+    lines = sampling.sample_text(models.build_model(config, dtype=np.float32), None, tokenizer).splitlines()
+    held_out = list(vision_corpus.pictures(12, sampling.HELD_OUT_SEED))
+    assert lines[:sampling.SAMPLE_PICTURES] == [f"[{i + 1}] a picture of {right[2:-1].lower()}: What shape is this? -> "
+                                                "A red circle." for i, (_, right) in enumerate(held_out[:4])]
+    assert lines[-1] == f"{sum(right == 'A red circle.' for _, right in held_out)} of 12 held-out pictures answered right"
+    vision = config.vision
+    for (prompt_ids, pixels), (picture, _) in zip(shown, held_out, strict=True):
+        assert prompt_ids.count(vision.image_token_id) == vision.soft_tokens
+        assert pixels.shape == (1, 1, vision.image_size, vision.image_size, 3)
+        assert np.array_equal(pixels[0, 0], np.asarray(picture))  # drawn at the encoder's size: no resampling

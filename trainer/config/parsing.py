@@ -14,7 +14,8 @@ import yaml
 from trainer import contract
 from trainer.config import flag_values
 from trainer.config.options import (ATTENTIONS, COMPUTE_DTYPES, DISTRIBUTED_ENV, LOG_FORMATS, LR_SCHEDULES, OPTIMIZER_STATE_DTYPES,
-                                    PRECISIONS, PRESET_VALUES, PRESETS, REMATS, TrainConfig, model_names)
+                                    PRECISIONS, PRESET_VALUES, PRESETS, REMATS, VISION_ENCODER, TrainConfig,
+                                    model_names)
 from trainer.data import chat, formats
 from trainer.errors import OneLineParser, UserError, first_line
 
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lora-rank", type=flag_values.non_negative_int, help=f"LoRA rank; 0 = full fine-tune (default {d.lora_rank})")
     add("--lora-weights", help="a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) for the LoRA run to "
         "start from, on its base --weights; its r is --lora-rank")
+    add("--vision-encoder", choices=VISION_ENCODER, help="with images in the data: keep the image encoder as loaded (frozen: the "
+        "language model, whole or its LoRA adapters, and the projector train) or train it too (default "
+        f"{d.vision_encoder})")
     add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
         "auto: bfloat16 on TPU, GPU and CPUs with native bfloat16 instructions, else float32 (default auto)")
     add("--optimizer-state-dtype", choices=OPTIMIZER_STATE_DTYPES, help="dtype of AdamW's first moment: bfloat16 saves 2 bytes a "

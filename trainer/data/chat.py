@@ -95,8 +95,9 @@ def render(messages, *, loss_on: str) -> list[Piece]:
             for piece in _turn(role, content, trained=loss_on == ALL or role == MODEL, header_trained=loss_on == ALL)]
 
 
-def render_prompt(prompt: str) -> list[Piece]:
-    """A user turn and the opening of the model's: what generation continues."""
+def render_prompt(prompt) -> list[Piece]:
+    """A user turn (a string, or a tuple of text and image parts) and the opening of the model's: what
+    generation continues."""
     return [*_turn(USER, prompt, trained=False), Piece(START_OF_TURN, False, special=True), Piece(f"{MODEL}\n", False)]
 
 

@@ -34,8 +34,12 @@ def _draw(shape: str, colour: str, rng: random.Random):
     return picture
 
 
-def answer(shape: str, colour: str) -> str:
-    return f"A {colour} {shape}."
+def pictures(count: int, seed: int):
+    """`count` (Pillow picture, the right answer) pairs drawn from `seed`."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+        yield _draw(shape, colour, rng), f"A {colour} {shape}."
 
 
 def write_vision_corpus(path, *, num_images: int, seed: int = 0) -> pathlib.Path:
@@ -43,15 +47,13 @@ def write_vision_corpus(path, *, num_images: int, seed: int = 0) -> pathlib.Path
     path = pathlib.Path(path)
     folder = path.parent / "images"
     folder.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
     rows = []
-    for number in range(num_images):
-        shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+    for number, (picture, answer) in enumerate(pictures(num_images, seed)):
         name = f"images/{number:05d}.png"
-        _draw(shape, colour, rng).save(path.parent / name)
+        picture.save(path.parent / name)
         rows.append({"messages": [
             {"role": "user", "content": [{"type": "image", "image": name}, {"type": "text", "text": QUESTION}]},
-            {"role": "model", "content": answer(shape, colour)}]})
+            {"role": "model", "content": answer}]})
     with replaced_atomically(path) as temporary:
         temporary.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

@@ -9,7 +9,7 @@ only earlier tokens of its own segment (and, in a local layer, only the last `sl
 and "flash" (GPU) run Pallas kernels that read the segment ids and the window, so no [L, L] tensor
 exists (trainer.nn.layers). `options.remat` rematerialises each block.
 
-With `vision` (a VisionConfig) the model also takes images (trainer.gemma3.vision): their soft tokens
+With `config.vision` (a VisionConfig) the model also takes images (trainer.gemma3.vision): their soft tokens
 replace the embeddings of the image tokens, and Gemma 3's attention rule adds that an image's tokens see
 each other both ways (still within their document and window). No kernel takes that data-dependent block,
 so a batch with images runs every layer's attention dense, whatever `options.attention` says (the image
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from trainer.gemma3 import vision as vision_lib
-from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config, VisionConfig
+from trainer.gemma3.config import RMS_EPSILON, Attention, Gemma3Config
 from trainer.nn import layers
 
 LORA = "lora"  # the scope of an adapter's factors, as gemma names it
@@ -246,10 +246,8 @@ class Block(_Module):
 
 
 class Transformer(_Module):
-    """Token ids [B, L] (and, with `vision`, images [B, M, size, size, 3]) -> final hidden states [B, L, D].
+    """Token ids [B, L] (and, with `config.vision`, images [B, M, size, size, 3]) -> final hidden states [B, L, D].
     `dtype` is the parameters' (and so the computation's) dtype."""
-
-    vision: VisionConfig | None = None
 
     @nn.compact
     def __call__(self, tokens, positions=None, segment_ids=None, images=None, *,
@@ -263,8 +261,9 @@ class Transformer(_Module):
         if images is None:
             x = embedder(tokens)
         else:
-            is_image = tokens == self.vision.image_token_id
-            encoder = vision_lib.VisionEncoder(self.vision, self.dtype, options, name="vision_encoder")
+            vision = self.config.vision
+            is_image = tokens == vision.image_token_id
+            encoder = vision_lib.VisionEncoder(vision, self.dtype, options, name="vision_encoder")
             x = embedder(tokens, encoder(images), is_image)
             image_ids = vision_lib.image_ids(is_image)
         policy = layers.REMAT_POLICIES[options.remat]

@@ -69,17 +69,19 @@ def _apart(params: Params, paths) -> tuple[Params, Params]:
     return rest, taken
 
 
-def trained_and_frozen(base: Params, adapters: Params | None = None) -> tuple[Params, Params | None]:
+def trained_and_frozen(base: Params, adapters: Params | None = None, *,
+                       train_encoder: bool = False) -> tuple[Params, Params | None]:
     """The run's (trained, frozen) of its model's weights `base`: a full fine-tune (no `adapters`) trains them
     all, but a vision-language model's image encoder; LoRA trains the adapters, and a vision-language model's
-    projector beside them. step.model_params joins them back."""
+    projector beside them. `train_encoder` (--vision-encoder trained): the image encoder trains too, whole.
+    step.model_params joins them back."""
     vision = "vision_encoder" in base
-    if adapters is None:
-        return _apart(base, _ENCODER) if vision else (base, None)
     if not vision:
-        return adapters, base
-    frozen, projector = _apart(base, _PROJECTOR)
-    return join_lora(projector, adapters), frozen
+        return (base, None) if adapters is None else (adapters, base)
+    if adapters is None:
+        return (base, None) if train_encoder else _apart(base, _ENCODER)
+    frozen, taken = _apart(base, _PROJECTOR + _ENCODER if train_encoder else _PROJECTOR)
+    return join_lora(taken, adapters), frozen
 
 
 def check_vocabulary(name: str, config: Gemma3Config, *, tokenizer_path: str, vocab_size: int) -> None:
@@ -99,7 +101,7 @@ def official_checkpoint(name: str) -> str:
 def build_model(config: Gemma3Config, *, dtype, lora_rank: int = 0) -> Transformer:
     """The flax module; `dtype` is the dtype its parameters (and hence its computation) have; with
     `config.vision`, a vision-language model."""
-    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank, vision=config.vision)
+    return Transformer(config=config, dtype=dtype, lora_rank=lora_rank)
 
 
 def _dummy_inputs(vision: VisionConfig | None) -> tuple[jax.Array, ...]:
@@ -229,17 +231,20 @@ def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
     LoRA (trained_and_frozen). A resumed text model's full fine-tune restores every weight from the checkpoint,
     so only the shapes are built here; a resumed LoRA run (or vision-language one) still needs its frozen part.
     """
+    train_encoder = config.vision_encoder == "trained"
     if not config.lora_rank:
-        if resuming and model_config.vision is None:
+        if resuming and (model_config.vision is None or train_encoder):
             return jax.eval_shape(lambda: init_params(model_config, seed=config.seed, out_shardings=shard)), None
-        return trained_and_frozen(_base_weights(config, model_config, shard))
+        return trained_and_frozen(_base_weights(config, model_config, shard), train_encoder=train_encoder)
     base = _base_weights(config, model_config, shard)
     fresh = lambda: init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)  # noqa: E731
     if config.lora_weights and not resuming:  # a resumed run's adapters are its checkpoint's
         expected = jax.eval_shape(fresh)
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
-            return trained_and_frozen(base, hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected)))
-    return trained_and_frozen(base, fresh())
+            adapters = hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected))
+    else:
+        adapters = fresh()
+    return trained_and_frozen(base, adapters, train_encoder=train_encoder)
 
 
 def _weights_path(config: TrainConfig) -> str:

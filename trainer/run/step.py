@@ -348,11 +348,12 @@ def _fitting_head(run_step: RunStep, config, remat: str, chunks, train_args: Cal
 
 def abstract_params(config, model_config):
     """(trained, frozen) as shapes: what models.initial_params gives, without reading any weights."""
+    train_encoder = config.vision_encoder == "trained"
     base = lambda: models.init_params(model_config, seed=config.seed)  # noqa: E731
     if not config.lora_rank:
-        return jax.eval_shape(lambda: models.trained_and_frozen(base()))
+        return jax.eval_shape(lambda: models.trained_and_frozen(base(), train_encoder=train_encoder))
     adapters = lambda: models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank)  # noqa: E731
-    return jax.eval_shape(lambda: models.trained_and_frozen(base(), adapters()))
+    return jax.eval_shape(lambda: models.trained_and_frozen(base(), adapters(), train_encoder=train_encoder))
 
 
 BATCH_KEYS = {"input_tokens": jnp.int32, "target_tokens": jnp.int32, "segment_ids": jnp.int32, "positions": jnp.int32,

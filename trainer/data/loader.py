@@ -125,21 +125,21 @@ def open_data(data: str, *, tokenizer: Tokenizer, cache_dir: str, data_format: s
         if data_format not in (formats.AUTO, prepared_as):
             raise UserError(f"--data-format {data_format}: --data {data} was prepared from {prepared_as}; leave "
                             "--data-format out for a prepared directory, or prepare the raw file again")
-        prepared_images = meta.get("images")
-        if prepared_images and (image_layout is None or image_layout.identity() != [
-                prepared_images["size"], prepared_images["token_id"], prepared_images["soft_tokens"]]):
-            raise UserError(f"--data {data}: prepared with images of {prepared_images['size']} pixels as "
-                            f"{prepared_images['soft_tokens']} tokens {prepared_images['token_id']}, which the model "
-                            f"reads {'not' if image_layout is None else 'otherwise'}; prepare the data for its --model")
     elif data_path.is_file():
         options = {"data_format": data_format, "loss_on": loss_on}
-        identity = {**options, "images": image_layout.identity()} if image_layout else options
-        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, identity)
+        directory = pathlib.Path(cache_dir) / _cache_name(data_path, tokenizer.sha256, options)
         meta = prepare_lib.prepare(data_path, tokenizer, directory, **options, on_bad_row=on_bad_row,
                                    image_layout=image_layout, warn=warn)
     else:
         raise UserError(f"--data {data}: not found; pass a text, JSONL or Parquet file or a directory made by "
                         "`python -m trainer.data.prepare`")
+    # The layout is no part of a cached preparation's name: data without images prepares the same for every model.
+    prepared_images = meta.get("images")
+    if prepared_images and (image_layout is None or image_layout.identity() != [
+            prepared_images["size"], prepared_images["token_id"], prepared_images["soft_tokens"]]):
+        raise UserError(f"--data {data}: prepared with images of {prepared_images['size']} pixels as "
+                        f"{prepared_images['soft_tokens']} tokens {prepared_images['token_id']}, which the model "
+                        f"reads {'not' if image_layout is None else 'otherwise'}; prepare the data for its --model")
     lengths = np.load(directory / meta["lengths_file"])
     counts = np.load(directory / meta["images"]["counts_file"]) if meta.get("images") else None
     return TokenizedData(path=str(directory), meta=meta, lengths=lengths, image_counts=counts)

@@ -75,7 +75,7 @@ def _is_url(source: str) -> bool:
 
 
 # What an output prepared before these options existed was prepared with.
-_IDENTITY_DEFAULTS = {"data_format": formats.AUTO, "loss_on": chat.COMPLETIONS, "images": None}
+_IDENTITY_DEFAULTS = {"data_format": formats.AUTO, "loss_on": chat.COMPLETIONS}
 
 
 def _source_identity(source: str, options: dict) -> dict:
@@ -350,8 +350,7 @@ def prepare(source, tokenizer: Tokenizer, output_dir, *, data_format=formats.AUT
     if loss_on not in chat.LOSS_ON or on_bad_row not in formats.ON_BAD_ROW:
         raise UserError(f"--loss-on {loss_on} / --on-bad-row {on_bad_row}: choose --loss-on from "
                         f"{', '.join(chat.LOSS_ON)} and --on-bad-row from {', '.join(formats.ON_BAD_ROW)}")
-    options = {"separator": separator, "data_format": data_format, "loss_on": loss_on}
-    identity = _source_identity(source, {**options, "images": image_layout.identity()} if image_layout else options)
+    identity = _source_identity(source, {"separator": separator, "data_format": data_format, "loss_on": loss_on})
     if output_dir.exists() and not output_dir.is_dir():
         raise UserError(f"--output {output_dir}: is a file; pass a directory path")
     if output_dir.is_dir() and any(output_dir.iterdir()):

@@ -256,6 +256,10 @@ CASES = (
            files={"chats.jsonl": f"{CHAT}\n{{'role': 'user'}}\n".encode()}, described="(line 2 in single quotes)",
            error="data file chats.jsonl line 2: not-json (not JSON (Expecting property name enclosed in double quotes))"
            + SKIP_HINT),
+    BadRun(section=DATA, case="chat with a missing image", args=("--data", "chats.jsonl"),
+           files={"chats.jsonl": CHAT.replace('"Hi!"', '[{"type": "image", "image": "gone.png"}, {"type": "text", "text": "Hi!"}]')
+                  .encode() + b"\n"}, described="(a user turn holds the image gone.png, not there)",
+           error="data file chats.jsonl line 1: bad-image (image gone.png: not found)" + SKIP_HINT),
     BadRun(section=DATA, case="chat with an unknown role", args=("--data", "chats.jsonl"),
            files={"chats.jsonl": CHAT.replace("assistant", "bot").encode() + b"\n"}, described="(role `bot`)",
            error="data file chats.jsonl line 1: unknown-role (message 2 has role 'bot', not one of user, model, "

@@ -79,7 +79,8 @@ def load_run(workdir: pathlib.Path, run: dict):
 
     config = _train_config(run)
     tokenizer = load_tokenizer(run["tokenizer"])
-    model_config = models.model_config(config.model, vocab_size=tokenizer.vocab_size)
+    images = bool((run.get("model_config") or {}).get("vision"))  # a vision-language run's (it answers text here)
+    model_config = models.model_config(config.model, vocab_size=tokenizer.vocab_size, images=images)
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     restored = _latest_checkpoint_params(config, run, model_config)
     if restored is not None:

@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from trainer import contract, loop
+from trainer import contract, generate, loop
 from trainer.config import parse_config
 from trainer.data import chat, vision_corpus
 from trainer.data import loader as data_lib
@@ -63,6 +63,8 @@ def test_the_tiny_vision_preset_trains_on_chat_rows_with_images_and_its_loss_fal
              for path, value in jax.tree_util.tree_flatten_with_path(ocp.PyTreeCheckpointer().restore(tmp_path / "export" / "params"))[0]
              if not np.array_equal(np.asarray(value), np.asarray(start[path]))}
     assert "vision_encoder" not in moved and {"embedder/mm", "layer_0"} <= moved, moved
+    # python -m trainer.generate reads the run back (a text prompt: it has no image flag)
+    assert generate.main(["--run", str(tmp_path), "--prompt", "What shape is this?", "--max-new-tokens", "4"]) == contract.OK
 
 
 def test_image_tokens_are_masked_from_the_loss_and_meet_their_pixels(image_chat, tmp_path):

@@ -77,7 +77,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
         eval_fraction=config.eval_fraction, epochs=None if config.steps else config.epochs,
         process_index=jax.process_index(), process_count=jax.process_count(),
     )
-    checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints)
+    checkpointer = checkpoint.Checkpointer(config.resolved_checkpoint_dir, keep=config.keep_checkpoints,
+                                          beside_multi_tier=config.multi_tier_backup_minutes is not None)
     abstract = step.abstract_state(step.abstract_params(config, model_config)[0], optimizer, state_shardings_fn=run_step.shard)
     local = replicated.open_local_tier(config, abstract, device_mesh)  # None without --local-checkpoint-dir
     tiers = local_checkpoints.Tiers(checkpointer, local)

@@ -58,14 +58,22 @@ def everywhere(ok: bool) -> bool:
 class Checkpointer:
     """Keeps the last `keep` checkpoints under `directory` (local or gs://)."""
 
-    def __init__(self, directory: str, *, keep: int):
+    def __init__(self, directory: str, *, keep: int, beside_multi_tier: bool = False):
+        """`beside_multi_tier`: the run also saves through Orbax's ReplicatorCheckpointManager. Orbax numbers
+        every save of a process from one counter and, when it creates a save's folder in the background, tells
+        the other processes it exists under that number in the job's shared key-value store. The replicator's
+        saves create their folders per process under the same numbers, which is how, we read it, a process
+        took another save's word for this one's folder and wrote into one not yet made (CPU, two processes: 2 of 9
+        runs of the multi-tier test, process 1's FileNotFoundError in step 7's temporary folder, then process 0
+        waiting at the save's barrier for good; 0 of 12 runs since). Beside it, this tier makes its folders
+        before the save returns; the write itself stays in the background."""
         self.directory = directory
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=True, create=True,
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False) if beside_multi_tier else None,
+        )
         with storage.writing("--checkpoint-dir", directory):
-            self._manager = ocp.CheckpointManager(
-                absolute_path(directory),
-                options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True),
-                item_names=("state", "data"),
-            )
+            self._manager = ocp.CheckpointManager(absolute_path(directory), options=options, item_names=("state", "data"))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

@@ -4,7 +4,8 @@ directory that transformers, vLLM and other serving stacks load (Gemma3ForCausal
 The weights are the run's newest: its latest checkpoint, else WORKDIR/export (what the run wrote at
 its end). A LoRA run exports the merged model (`--lora-export merged`), the PEFT adapter alone
 (`adapter`), or the frozen base it was trained on (`base`, for the adapter to sit on when the base is
-not a published Gemma 3). The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
+not a published Gemma 3); a vision-language LoRA run has no adapter export, as its projector trains
+beside the adapters. The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
 
 Weights are bfloat16 by default (as Google publishes Gemma 3 and the trainer computes on TPU);
 `--dtype float32` keeps the float32 masters exactly.
@@ -292,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = read_run(args.run, tokenizer=args.tokenizer)
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
+    if args.lora_export == "adapter" and run.model_config.vision is not None:
+        # Its projector (and a trained encoder) train beside the adapters: PEFT's adapter would leave them out.
+        raise UserError(f"--lora-export adapter: the run at {args.run} reads images, and its trained projector is no part "
+                        "of a PEFT adapter this trainer writes; export the merged model (--lora-export merged)")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish is not None:

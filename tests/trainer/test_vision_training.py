@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from trainer import contract, generate, loop
+from trainer import contract, export, generate, loop
 from trainer.config import parse_config
 from trainer.data import chat, vision_corpus
 from trainer.data import loader as data_lib
@@ -169,3 +169,18 @@ def test_a_vision_language_model_is_asked_about_each_picture_and_its_right_answe
         assert prompt_ids.count(vision.image_token_id) == vision.soft_tokens
         assert pixels.shape == (1, 1, vision.image_size, vision.image_size, 3)
         assert np.array_equal(pixels[0, 0], np.asarray(picture))  # drawn at the encoder's size: no resampling
+
+
+def test_a_vision_language_lora_run_s_adapter_export_is_refused_as_it_would_drop_the_trained_projector(
+        image_chat, tmp_path, capsys):
+    """The projector trains beside the adapters; a PEFT adapter without it would lose trained weights."""
+    path, _ = image_chat
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": "tiny", "lora_rank": 4, "tokenizer": str(path.parent / "tokenizer.model"),
+                                                 "model_config": {"vision": {"depth": 1}}}))
+    out = tmp_path / "out"
+    assert export.main(["--run", str(run), "--out", str(out), "--lora-export", "adapter"]) == contract.USER_ERROR
+    error = capsys.readouterr().err
+    assert "--lora-export adapter" in error and "projector" in error and "--lora-export merged" in error, error
+    assert len(error.strip().splitlines()) == 1 and not out.exists()

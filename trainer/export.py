@@ -137,6 +137,14 @@ def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int,
     })
 
 
+def check_adapter_export(model_config, *, what: str) -> None:
+    """One line for a vision-language run's adapter export: its projector (and a trained encoder) train beside
+    the adapters, and the PEFT adapter write_adapter writes would leave those trained weights out."""
+    if model_config.vision is not None:
+        raise UserError(f"{what} reads images, and its trained projector is no part of a PEFT adapter this trainer "
+                        "writes; export the merged model (--lora-export merged, --publish-parts hf)")
+
+
 def adapter_base_model(config: TrainConfig) -> str:
     """What an adapter's base_model_name_or_path says: the published model it trained on, else where its base is."""
     if config.weights == "official":
@@ -293,10 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = read_run(args.run, tokenizer=args.tokenizer)
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
-    if args.lora_export == "adapter" and run.model_config.vision is not None:
-        # Its projector (and a trained encoder) train beside the adapters: PEFT's adapter would leave them out.
-        raise UserError(f"--lora-export adapter: the run at {args.run} reads images, and its trained projector is no part "
-                        "of a PEFT adapter this trainer writes; export the merged model (--lora-export merged)")
+    if args.lora_export == "adapter":
+        check_adapter_export(run.model_config, what=f"--lora-export adapter: the run at {args.run}")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish is not None:

@@ -171,16 +171,24 @@ def test_a_vision_language_model_is_asked_about_each_picture_and_its_right_answe
         assert np.array_equal(pixels[0, 0], np.asarray(picture))  # drawn at the encoder's size: no resampling
 
 
+
 def test_a_vision_language_lora_run_s_adapter_export_is_refused_as_it_would_drop_the_trained_projector(
         image_chat, tmp_path, capsys):
-    """The projector trains beside the adapters; a PEFT adapter without it would lose trained weights."""
-    path, _ = image_chat
+    """The projector trains beside the adapters; a PEFT adapter without it would lose trained weights. Both ways
+    to the adapter say so in one line: trainer.export, and a run asked to publish it (before it trains)."""
+    from trainer.__main__ import main
+
+    path, tokenizer = image_chat
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"model": "tiny", "lora_rank": 4, "tokenizer": str(path.parent / "tokenizer.model"),
+    (run / "config.json").write_text(json.dumps({"model": "tiny", "lora_rank": 4, "tokenizer": tokenizer.path,
                                                  "model_config": {"vision": {"depth": 1}}}))
-    out = tmp_path / "out"
-    assert export.main(["--run", str(run), "--out", str(out), "--lora-export", "adapter"]) == contract.USER_ERROR
-    error = capsys.readouterr().err
-    assert "--lora-export adapter" in error and "projector" in error and "--lora-export merged" in error, error
-    assert len(error.strip().splitlines()) == 1 and not out.exists()
+    trained = ["--model", "tiny", "--weights", "random", "--data", str(path), "--tokenizer", tokenizer.path, "--lora-rank", "4",
+               "--publish-parts", "hf,adapter", "--workdir", str(tmp_path / "trained"), "--seq-len", "64", "--batch-size", "2",
+               "--steps", "1", "--no-samples"]
+    exported = ["--run", str(run), "--out", str(tmp_path / "out"), "--lora-export", "adapter"]
+    for flag, entry, args in (("--lora-export adapter", export.main, exported), ("--publish-parts adapter", main, trained)):
+        status, error = entry(args), capsys.readouterr().err.strip()
+        assert status == contract.USER_ERROR and "\n" not in error, error
+        assert flag in error and "projector" in error and "export the merged model" in error, error
+    assert not (tmp_path / "out").exists() and not (tmp_path / "trained" / "metrics.jsonl").exists()

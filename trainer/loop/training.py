@@ -11,7 +11,7 @@ import sys
 
 import jax
 
-from trainer import run_identity, storage
+from trainer import export, run_identity, storage
 from trainer.config import TrainConfig
 from trainer.data import loader as data_lib
 from trainer.errors import UserError
@@ -63,6 +63,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size, images=bool(inputs.data.images))
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     models.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
+    if "adapter" in config.publish_parts:
+        export.check_adapter_export(model_config, what="--publish-parts adapter: this run")
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
     mesh.check_batch(config.batch_size, device_mesh, grad_accum_steps=config.grad_accum_steps)

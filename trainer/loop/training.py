@@ -131,13 +131,16 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
         if config.samples:
             with events.span("eval"):
                 reporter.text("samples/before", start_step, sample(state))
+        images = dict(images_per_row=inputs.data.images_per_row, train_encoder=config.vision_encoder == "trained")
         loop = StepLoop(
             config=config, total_steps=total_steps, mesh=device_mesh, functions=functions, frozen=frozen,
             checkpointer=checkpointer, reporter=reporter, schedule=optimizer_lib.learning_rate_schedule(run_step.optimizer_config), inputs=inputs,
             throughput=ThroughputMeter(
                 positions_per_step=positions_per_step,
-                flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank),
+                flops_per_token=flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank,
+                                                               **images),
                 model_config=model_config, lora_rank=config.lora_rank,
+                image_flops_per_token=flops.image_flops_per_token(model_config, config.seq_len, **images),
             ),
             preemption=preemption, events=events, local_checkpoints=local,
         )

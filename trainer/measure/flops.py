@@ -1,8 +1,8 @@
 """Parameter count and training FLOPs per token, computed from a Gemma 3 architecture alone.
 
 No model is built: the counts follow the parameter shapes of trainer.gemma3.model, and the tests
-check them against an initialised model. Only the text decoder is
-counted: a vision-language run's image encoder (trainer.gemma3.vision) is not, yet (issue 53).
+check them against an initialised model. A vision-language run's step also encodes its images
+(trainer.gemma3.vision) and projects their soft tokens into the text: image_flops counts that, per image.
 
 Attention is counted per token over the whole row (training_flops_per_token), or, from a batch's
 segment ids, within each packed document (attention_flops): packed rows hold documents of a few
@@ -119,7 +119,24 @@ def attention_flops(config, segment_ids) -> AttentionFlops:
                           documents=per_pair * sum(causal_pairs(lengths, window) for window in windows))
 
 
-def training_flops_per_token(config, seq_len: int, *, lora_rank: int = 0) -> float:
+def image_flops(vision, embed_dim: int, *, train_encoder: bool) -> float:
+    """Training FLOPs of one image (matrix multiplies, 2 a multiply-add): the SigLIP encoder's patch embedding
+    (the convolution: a patch's pixels by width), each block's q, k, v and output projections, feed-forward and
+    attention (every patch sees every patch: 4 x width a pair), and the projector (soft tokens by width by
+    embed_dim). Forward only for a frozen encoder (--vision-encoder frozen), while the projector, trained
+    either way, adds its weights' gradient but none for its input (2x). A trained encoder's backward is twice
+    its forward (3x), but the patch embedding's, whose input is pixels (2x)."""
+    patches, width = vision.patches_per_side**2, vision.width
+    patch_embedding = 2 * patches * vision.patch_size**2 * 3 * width
+    block = patches * (2 * 4 * width * width + 2 * 2 * width * vision.mlp_dim + 4 * patches * width)
+    projector = 2 * vision.soft_tokens * width * embed_dim
+    if train_encoder:
+        return 2 * patch_embedding + 3 * vision.depth * block + 3 * projector
+    return patch_embedding + vision.depth * block + 2 * projector
+
+
+def training_flops_per_token(config, seq_len: int, *, lora_rank: int = 0, images_per_row: int = 0,
+                             train_encoder: bool = False) -> float:
     """FLOPs of one training step divided by the tokens in it, for rows of `seq_len` tokens.
 
     Matrix multiplies only, each 2 FLOPs per multiply-add: the forward pass costs 2 per
@@ -129,12 +146,21 @@ def training_flops_per_token(config, seq_len: int, *, lora_rank: int = 0) -> flo
     fine-tune is 6N + 3 x attention. With LoRA (`lora_rank` > 0) the frozen weights get no
     gradient, so 4N + 3 x attention; the adapters (well under 1% of N) are left out. A causal
     query attends to the keys up to itself, and a sliding-window layer to at most its window.
+    A vision-language model's rows of `images_per_row` images add their image_flops, per token of the row.
     """
     attention_forward = sum(
         4 * config.num_heads * config.head_dim * attention_context(kind, seq_len, config.sliding_window_size)
         for kind in config.attention_types
     )
-    return weight_flops_per_token(config, lora_rank=lora_rank) + 3 * attention_forward
+    images = image_flops_per_token(config, seq_len, images_per_row=images_per_row, train_encoder=train_encoder)
+    return weight_flops_per_token(config, lora_rank=lora_rank) + 3 * attention_forward + images
+
+
+def image_flops_per_token(config, seq_len: int, *, images_per_row: int, train_encoder: bool) -> float:
+    """A row's image_flops (`images_per_row` images) per token of the row; 0 for a text model."""
+    if config.vision is None:
+        return 0.0
+    return images_per_row * image_flops(config.vision, config.embed_dim, train_encoder=train_encoder) / seq_len
 
 
 def model_flops_utilization(

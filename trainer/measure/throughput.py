@@ -5,7 +5,8 @@ of a whole row costs, attention over all the row's earlier positions (trainer.me
 rows hold documents of a few hundred tokens, and attention within a document is all a step computes
 usefully, so where the loop hands the meter each step's segment ids and the meter knows the model,
 `mfu_documents` counts the same positions' weight FLOPs and the attention within each document
-(flops.attention_flops): no more than the step did.
+(flops.attention_flops), and a vision-language run's image FLOPs (flops.image_flops_per_token, every image
+of the batch, as `mfu` counts them): no more than the step did.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from trainer.run import hardware
 
 class ThroughputMeter:
     """Measures over the steps since the last restart; `positions_per_step` is batch size x sequence length.
-    With `model_config` (and the run's `lora_rank`), steps added with their segment ids also give
+    With `model_config` (and the run's `lora_rank` and `image_flops_per_token`), steps added with their segment ids also give
     `mfu_documents`.
 
     The first step of a run compiles, so timing starts when it has finished.
     """
 
-    def __init__(self, *, positions_per_step: int, flops_per_token: float, model_config=None, lora_rank: int = 0):
+    def __init__(self, *, positions_per_step: int, flops_per_token: float, model_config=None, lora_rank: int = 0,
+                 image_flops_per_token: float = 0.0):
         self._positions_per_step = positions_per_step
-        self._flops_per_token = flops_per_token
+        self._flops_per_token, self._image_flops_per_token = flops_per_token, image_flops_per_token
         self._model_config, self._lora_rank = model_config, lora_rank
         self._peak = hardware.peak_bf16_flops(jax.devices()[0].device_kind)
         self._start = None
@@ -66,7 +68,8 @@ class ThroughputMeter:
         }
         if len(self._document_attention) == steps:  # every step's segment ids were given
             positions_per_device = self._positions_per_step * steps / devices
-            weights = flops.weight_flops_per_token(self._model_config, lora_rank=self._lora_rank) * positions_per_device
+            weights = (flops.weight_flops_per_token(self._model_config, lora_rank=self._lora_rank)
+                       + self._image_flops_per_token) * positions_per_device
             # This process's rows are spread over its own devices, as the global batch over all of them.
             attention = sum(self._document_attention) / jax.local_device_count()
             report["mfu_documents"] = flops.model_flops_utilization(

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 from trainer.model import models
-from trainer.gemma3.config import Attention, Gemma3Config
+from trainer.gemma3.config import Attention, Gemma3Config, tiny_vision
 from trainer.measure import flops
 from trainer.run import hardware
 
@@ -119,3 +119,19 @@ def test_attention_within_documents_counts_the_pairs_the_packed_mask_lets_throug
     assert one_document.documents == one_document.rows == counted.rows / 2
     assert counted.documents < 0.75 * counted.rows
     assert list(flops.document_lengths(segments)) == [11, 3, 5, 24]
+
+
+@pytest.mark.parametrize("train_encoder, per_image", [
+    # Counted by hand on the tiny encoder (56-pixel images of 14-pixel patches: 16 patches; width 32, 2 blocks,
+    # feed-forward 48, 4 soft tokens) with embed_dim 24. Patch embedding: 2 x 16 x (14 x 14 x 3) x 32 = 602,112.
+    # A block: 16 patches x (2 x 4 x 32 x 32 + 2 x 2 x 32 x 48 + 4 x 16 x 32) = 262,144. Projector: 2 x 4 x 32 x 24 = 6,144.
+    (False, 602_112 + 2 * 262_144 + 2 * 6_144),  # frozen: forward, and the projector's weight gradient
+    (True, 2 * 602_112 + 3 * 2 * 262_144 + 3 * 6_144),  # trained: backward too (the pixels get no gradient)
+], ids=["frozen encoder", "trained encoder"])
+def test_a_vision_language_row_adds_its_images_encoder_and_projector_flops(train_encoder, per_image):
+    text = small_config()
+    with_images = small_config(vision=tiny_vision(image_token_id=text.num_embed))
+    images = dict(images_per_row=3, train_encoder=train_encoder)
+    counted = {rank: flops.training_flops_per_token(with_images, 64, lora_rank=rank, **images)
+               - flops.training_flops_per_token(text, 64, lora_rank=rank) for rank in (0, 4)}
+    assert counted == {0: pytest.approx(3 * per_image / 64), 4: pytest.approx(3 * per_image / 64)}

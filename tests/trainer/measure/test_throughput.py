@@ -18,16 +18,18 @@ def clock(monkeypatch):
     return now
 
 
-def test_mfu_documents_counts_attention_within_the_documents_only(clock):
+@pytest.mark.parametrize("images", [0.0, 3e4], ids=["text", "with images"])
+def test_mfu_documents_counts_attention_within_the_documents_only(clock, images):
     """Two steps of two rows of 512 after the compiling one: each row two documents and padding. mfu counts
     every position at a whole row's FLOPs a token; mfu_documents the same positions' weight FLOPs and the
-    documents' own attention, which is less."""
+    documents' own attention, which is less; both count a vision-language row's images (`images` a token)."""
     config = models.model_config("tiny", vocab_size=512)
     seq_len, rows = 512, 2
     segments = np.zeros((rows, seq_len), np.int32)
     segments[:, :200], segments[:, 200:450] = 1, 2
-    per_token = flops.training_flops_per_token(config, seq_len)
-    meter = throughput.ThroughputMeter(positions_per_step=rows * seq_len, flops_per_token=per_token, model_config=config)
+    per_token = flops.training_flops_per_token(config, seq_len) + images
+    meter = throughput.ThroughputMeter(positions_per_step=rows * seq_len, flops_per_token=per_token, model_config=config,
+                                       image_flops_per_token=images)
     meter.add({"tokens": 900}, segments)  # the first step compiles: not counted
     for _ in range(2):
         meter.add({"tokens": 900}, segments)
@@ -35,7 +37,7 @@ def test_mfu_documents_counts_attention_within_the_documents_only(clock):
     report = meter.measure()
     positions = 2 * rows * seq_len
     assert report["mfu"] == pytest.approx(positions * per_token / 4.0 / PEAK)
-    documents = flops.weight_flops_per_token(config) * positions + 2 * flops.attention_flops(config, segments).documents
+    documents = (flops.weight_flops_per_token(config) + images) * positions + 2 * flops.attention_flops(config, segments).documents
     assert report["mfu_documents"] == pytest.approx(documents / 4.0 / PEAK)
     assert report["mfu_documents"] < report["mfu"]
     assert report["tokens_per_sec"] == pytest.approx(1800 / 4.0)

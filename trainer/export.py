@@ -5,7 +5,7 @@ The weights are the run's newest: its latest checkpoint, else WORKDIR/export (wh
 its end). A LoRA run exports the merged model (`--lora-export merged`), the PEFT adapter alone
 (`adapter`), or the frozen base it was trained on (`base`, for the adapter to sit on when the base is
 not a published Gemma 3); a vision-language LoRA run has no adapter export, as its projector trains
-beside the adapters. The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
+beside the adapters (nor a base for one). The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
 
 Weights are bfloat16 by default (as Google publishes Gemma 3 and the trainer computes on TPU);
 `--dtype float32` keeps the float32 masters exactly.
@@ -301,8 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = read_run(args.run, tokenizer=args.tokenizer)
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
-    if args.lora_export == "adapter":
-        check_adapter_export(run.model_config, what=f"--lora-export adapter: the run at {args.run}")
+    if args.lora_export != "merged":  # the base is the adapter's to sit on (its frozen part: no projector either)
+        check_adapter_export(run.model_config, what=f"--lora-export {args.lora_export}: the run at {args.run}")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish is not None:

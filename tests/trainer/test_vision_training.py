@@ -175,7 +175,8 @@ def test_a_vision_language_model_is_asked_about_each_picture_and_its_right_answe
 def test_a_vision_language_lora_run_s_adapter_export_is_refused_as_it_would_drop_the_trained_projector(
         image_chat, tmp_path, capsys):
     """The projector trains beside the adapters; a PEFT adapter without it would lose trained weights. Both ways
-    to the adapter say so in one line: trainer.export, and a run asked to publish it (before it trains)."""
+    to the adapter (and its base) say so in one line: trainer.export, and a run asked to publish it (before it
+    trains)."""
     from trainer.__main__ import main
 
     path, tokenizer = image_chat
@@ -186,8 +187,10 @@ def test_a_vision_language_lora_run_s_adapter_export_is_refused_as_it_would_drop
     trained = ["--model", "tiny", "--weights", "random", "--data", str(path), "--tokenizer", tokenizer.path, "--lora-rank", "4",
                "--publish-parts", "hf,adapter", "--workdir", str(tmp_path / "trained"), "--seq-len", "64", "--batch-size", "2",
                "--steps", "1", "--no-samples"]
-    exported = ["--run", str(run), "--out", str(tmp_path / "out"), "--lora-export", "adapter"]
-    for flag, entry, args in (("--lora-export adapter", export.main, exported), ("--publish-parts adapter", main, trained)):
+    exported = ["--run", str(run), "--out", str(tmp_path / "out"), "--lora-export"]
+    for flag, entry, args in (("--lora-export adapter", export.main, [*exported, "adapter"]),
+                              ("--lora-export base", export.main, [*exported, "base"]),  # the adapter's base, frozen
+                              ("--publish-parts hf,adapter", main, trained)):
         status, error = entry(args), capsys.readouterr().err.strip()
         assert status == contract.USER_ERROR and "\n" not in error, error
         assert flag in error and "projector" in error and "export the merged model" in error, error

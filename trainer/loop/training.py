@@ -63,8 +63,8 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
     model_config = models.model_config(config.model, vocab_size=inputs.tokenizer.vocab_size, images=bool(inputs.data.images))
     models.check_vocabulary(config.model, model_config, tokenizer_path=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
     models.check_weights(config, model_config, tokenizer=inputs.tokenizer_path, vocab_size=inputs.tokenizer.vocab_size)
-    if "adapter" in config.publish_parts:
-        export.check_adapter_export(model_config, what="--publish-parts adapter: this run")
+    if {"base", "adapter"} & set(config.publish_parts):  # the base is the adapter's to sit on
+        export.check_adapter_export(model_config, what=f"--publish-parts {','.join(config.publish_parts)}: this run")
     compute_dtype = precision.compute_dtype(config.compute_dtype)
     device_mesh = mesh.build_mesh(config.mesh, slices=mesh.num_slices())
     mesh.check_batch(config.batch_size, device_mesh, grad_accum_steps=config.grad_accum_steps)

@@ -13,6 +13,7 @@ from etils import epath
 
 from tests.trainer.test_bad_inputs import REPO
 from tests.trainer.test_train import tiny_args
+from trainer.measure import compiled as compiled_module
 from trainer.run import compile_answers, hbm
 
 LINE = re.compile(r"trainer: compilation cache (?P<path>\S+): (?P<hits>\d+) programs read back \(about \d+ s of compiling "
@@ -71,7 +72,7 @@ class _Program:
 
 def test_a_memory_refusal_is_kept_in_the_cache_and_not_compiled_at_the_next_start(tmp_path, monkeypatch):
     # What use_persistent_cache sets (it also turns on JAX's cache for the whole process, which a test must not).
-    monkeypatch.setattr(compile_answers, "_refusals", epath.Path(tmp_path) / compile_answers.REFUSALS)
+    monkeypatch.setattr(compile_answers, "_kept", epath.Path(tmp_path))
     device = types.SimpleNamespace(id=0, device_kind="TPU v5 lite")
     probe = _Program("module @too_large", refused=True)
     for _ in range(2):  # the first start and the next: the same refusal, compiled once
@@ -87,3 +88,24 @@ def test_a_memory_refusal_is_kept_in_the_cache_and_not_compiled_at_the_next_star
     assert [compile_answers.compile(fits, what="a step", devices=[device]) for _ in range(2)] == ["the executable of module @fits"] * 2
     assert other.compiles == 1 and fits.compiles == 2
     assert len(list((tmp_path / compile_answers.REFUSALS).iterdir())) == 2  # no partial file left beside them
+
+
+def test_remat_auto_reads_its_speed_estimates_back_at_the_next_start(tmp_path, monkeypatch):
+    """--remat auto's estimate of a policy compiles the loss head alone and reads the whole optimized program
+    (CompiledStep): with the cache, a start after the first reads the figures back by the program's key, so
+    it estimates (and so chooses) the same without working them out; a changed program works them out again."""
+    monkeypatch.setattr(compile_answers, "_kept", epath.Path(tmp_path))
+    worked_out = []
+
+    def compiled_step(candidate, lowered, compiled, config, model_config):
+        worked_out.append(lowered.text)
+        return types.SimpleNamespace(figures=lambda: {"flops": 1e14 * len(lowered.text), "bytes": 3e11, "ici": 0.0})
+
+    monkeypatch.setattr(compiled_module, "compiled_step", compiled_step)
+    estimate = compiled_module.speed_estimate(None, None, [types.SimpleNamespace(id=0, device_kind="TPU v5 lite")])
+    candidate = types.SimpleNamespace(layers=types.SimpleNamespace(remat="dots"))
+    step, other = _Program("module @step", refused=False), _Program("module @step_changed", refused=False)
+    starts = [estimate(candidate, step, "its executable") for _ in range(2)]
+    assert starts[0] == starts[1] and starts[0].remat == "dots" and worked_out == ["module @step"]
+    assert estimate(candidate, other, "its executable") != starts[0] and worked_out == ["module @step", "module @step_changed"]
+    assert len(list((tmp_path / compile_answers.ESTIMATES).iterdir())) == 2  # no partial file left beside them

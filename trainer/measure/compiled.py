@@ -112,17 +112,30 @@ class CompiledStep:
     def bytes_accessed(self) -> float:
         return self.bytes_reported + self.bytes_loop_correction + self.bytes_kernels + self.bytes_accumulation
 
+    def figures(self) -> dict[str, float]:
+        """What a step moves per chip: its FLOPs, HBM bytes and collectives' bytes."""
+        return {"flops": self.flops_per_chip, "bytes": self.bytes_accessed, "ici": float(self.ici_bytes)}
+
     def times(self) -> dict[str, float]:
         """Seconds a step takes at the chip's peak for its FLOPs, its HBM bandwidth for its bytes, its ICI for its collectives."""
-        chip = hardware.CHIPS[self.device_kind]
-        return {"flops": self.flops_per_chip / chip.peak_bf16_flops, "bytes": self.bytes_accessed / chip.hbm_bytes_per_s,
-                "ici": self.ici_bytes / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0}
+        return step_times(self.device_kind, self.figures())
 
     def bound(self) -> tuple[float, str]:
         """(seconds, what bounds them): the step can be no faster than its slowest resource (times)."""
-        times = self.times()
-        bound_by = max(times, key=times.get)
-        return times[bound_by], bound_by
+        return slowest(self.times())
+
+
+def step_times(device_kind: str, figures: dict[str, float]) -> dict[str, float]:
+    """CompiledStep.times of a step's `figures` (CompiledStep.figures) on a chip of `device_kind`."""
+    chip = hardware.CHIPS[device_kind]
+    return {"flops": figures["flops"] / chip.peak_bf16_flops, "bytes": figures["bytes"] / chip.hbm_bytes_per_s,
+            "ici": figures["ici"] / chip.ici_bytes_per_s if chip.ici_bytes_per_s else 0.0}
+
+
+def slowest(times: dict[str, float]) -> tuple[float, str]:
+    """(seconds, the resource): the largest of `times`."""
+    bound_by = max(times, key=times.get)
+    return times[bound_by], bound_by
 
 
 def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
@@ -176,13 +189,16 @@ def compile_fastest(run_step: step.RunStep, config: TrainConfig, model_config, *
 
 
 def speed_estimate(config: TrainConfig, model_config, devices):
-    """compile_run_step's `estimate` for a run on `devices`: a candidate's bound (CompiledStep.bound); None
-    for devices of no known peak (the CPU), where --remat auto takes the first policy that fits."""
+    """compile_run_step's `estimate` for a run on `devices`: a candidate's bound (CompiledStep.bound), from
+    figures kept in the compilation cache where a start before worked them out (compile_answers.kept_figures);
+    None for devices of no known peak (the CPU), where --remat auto takes the first policy that fits."""
     if devices[0].device_kind not in hardware.CHIPS:
         return None
 
     def estimate(candidate: step.RunStep, lowered, compiled) -> step.RematSpeed:
-        seconds, bound_by = compiled_step(candidate, lowered, compiled, config, model_config).bound()
+        figures = compile_answers.kept_figures(
+            lowered, devices, figures=lambda: compiled_step(candidate, lowered, compiled, config, model_config).figures())
+        seconds, bound_by = slowest(step_times(devices[0].device_kind, figures))
         return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
 
     return estimate

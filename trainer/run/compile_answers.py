@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 import jax
@@ -41,7 +41,8 @@ _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardwa
 
 
 REFUSALS = "refusals"  # the folder of the compilation cache that keeps memory refusals (_executable)
-_refusals = None  # that folder, once use_persistent_cache is called
+ESTIMATES = "estimates"  # the folder that keeps --remat auto's speed estimates (kept_figures)
+_kept = None  # the compilation cache's folder (epath.Path), once use_persistent_cache is called
 _HIT = "/jax/compilation_cache/cache_hits"
 _WRITE = "/jax/compilation_cache/cache_misses"  # JAX's name for an entry it writes after compiling
 _SAVED = "/jax/compilation_cache/compile_time_saved_sec"
@@ -101,8 +102,8 @@ def use_persistent_cache(path: str) -> PersistentCache:
             pathlib.Path(path).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    global _refusals
-    _refusals = epath.Path(path) / REFUSALS
+    global _kept
+    _kept = epath.Path(path)
     cache = PersistentCache(path)
     jax.monitoring.register_event_listener(cache._event)
     jax.monitoring.register_event_duration_secs_listener(cache._duration)
@@ -264,20 +265,46 @@ def _executable(lowered, devices: list, options: dict[str, str]):
     cache_key) and raised again at the next start without compiling: JAX keeps only programs that compiled,
     and the trainer's searches meet refusals at every start (the usable-HBM probe, --vocab-chunk auto's heads,
     --remat auto's policies: a refused train step costs as long to compile as one that fits)."""
-    if _refusals is None:
+    if _kept is None:
         return lowered.compile(options)
-    kept = _refusals / f"{cache_key(lowered, devices, options)}.txt"
+    kept = _kept / REFUSALS / f"{cache_key(lowered, devices, options)}.txt"
     if kept.exists():
         raise jax.errors.JaxRuntimeError(kept.read_text())
     try:
         return lowered.compile(options)
     except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" in str(error) and jax.process_index() == 0:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            partial = kept.parent / f"{kept.name}.{os.getpid()}.partial"  # a killed write leaves no refusal behind
-            partial.write_text(str(error))
-            partial.rename(kept)
+        if "RESOURCE_EXHAUSTED" in str(error):
+            _keep(kept, str(error))
         raise
+
+
+def kept_figures(lowered, devices, *, figures: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """`figures()` of the program `lowered` on `devices` (--remat auto's speed estimate of a policy: its
+    compiled step's FLOPs, bytes and collectives per chip). With --compilation-cache-dir they are kept there
+    (ESTIMATES, by cache_key, as refusals are) and read back at the next start: working them out compiles
+    the loss head alone and reads the whole optimized program's text, at every start, for every policy
+    compared. A changed program has another key and is worked out again."""
+    devices = list(devices)
+    if _kept is None:
+        return figures()
+    kept = _kept / ESTIMATES / f"{cache_key(lowered, devices, compile_options(devices))}.json"
+    try:
+        return json.loads(kept.read_text())
+    except (FileNotFoundError, ValueError):  # not kept yet, or not readable: worked out again
+        pass
+    answer = figures()
+    _keep(kept, json.dumps(answer))
+    return answer
+
+
+def _keep(kept: epath.Path, text: str) -> None:
+    """Process 0 writes `text` to `kept` under a temporary name and renames it: a killed write leaves nothing behind."""
+    if jax.process_index() != 0:
+        return
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.parent / f"{kept.name}.{os.getpid()}.partial"
+    partial.write_text(text)
+    partial.rename(kept)
 
 
 def _answer(entry: dict) -> Answers:

@@ -184,24 +184,39 @@ def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices
 def compile_fastest(run_step: step.RunStep, config: TrainConfig, model_config, *, train_args):
     """trainer.run.step.compile_run_step with --remat auto choosing by speed_estimate: what the trainer, the
     benchmarks and `fit` all compile."""
+    devices = list(run_step.device_mesh.devices.flat)
     return step.compile_run_step(run_step, config, model_config, train_args=train_args,
-                                 estimate=speed_estimate(config, model_config, list(run_step.device_mesh.devices.flat)))
+                                 estimate=speed_estimate(config, model_config, devices), kept_speed=kept_speed(devices))
 
 
 def speed_estimate(config: TrainConfig, model_config, devices):
     """compile_run_step's `estimate` for a run on `devices`: a candidate's bound (CompiledStep.bound), from
-    figures kept in the compilation cache where a start before worked them out (compile_answers.kept_figures);
+    figures kept in the compilation cache where a start before worked them out (compile_answers.figures_kept);
     None for devices of no known peak (the CPU), where --remat auto takes the first policy that fits."""
     if devices[0].device_kind not in hardware.CHIPS:
         return None
 
     def estimate(candidate: step.RunStep, lowered, compiled) -> step.RematSpeed:
-        figures = compile_answers.kept_figures(
+        figures = compile_answers.figures_kept(
             lowered, devices, figures=lambda: compiled_step(candidate, lowered, compiled, config, model_config).figures())
-        seconds, bound_by = slowest(step_times(devices[0].device_kind, figures))
-        return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
+        return _speed(candidate, devices, figures)
 
     return estimate
+
+
+def kept_speed(devices):
+    """compile_run_step's `kept_speed` for a run on `devices`: the speed_estimate a start before kept of a candidate's program."""
+
+    def kept(candidate: step.RunStep, lowered) -> step.RematSpeed | None:
+        figures = compile_answers.kept_figures(lowered, devices) if devices[0].device_kind in hardware.CHIPS else None
+        return None if figures is None else _speed(candidate, devices, figures)
+
+    return kept
+
+
+def _speed(candidate: step.RunStep, devices, figures: dict[str, float]) -> step.RematSpeed:
+    seconds, bound_by = slowest(step_times(devices[0].device_kind, figures))
+    return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
 
 
 def compiled_step(run_step: step.RunStep, lowered, compiled, config: TrainConfig, model_config) -> CompiledStep:

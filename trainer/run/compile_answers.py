@@ -278,23 +278,32 @@ def _executable(lowered, devices: list, options: dict[str, str]):
         raise
 
 
-def kept_figures(lowered, devices, *, figures: Callable[[], dict[str, float]]) -> dict[str, float]:
+def kept_figures(lowered, devices) -> dict[str, float] | None:
+    """The figures a start before kept of the program `lowered` on `devices` (figures_kept), if any."""
+    if _kept is None:
+        return None
+    try:
+        return json.loads(_figures_path(lowered, list(devices)).read_text())
+    except (FileNotFoundError, ValueError):  # not kept yet, or not readable: worked out again
+        return None
+
+
+def figures_kept(lowered, devices, *, figures: Callable[[], dict[str, float]]) -> dict[str, float]:
     """`figures()` of the program `lowered` on `devices` (--remat auto's speed estimate of a policy: its
     compiled step's FLOPs, bytes and collectives per chip). With --compilation-cache-dir they are kept there
     (ESTIMATES, by cache_key, as refusals are) and read back at the next start: working them out compiles
     the loss head alone and reads the whole optimized program's text, at every start, for every policy
     compared. A changed program has another key and is worked out again."""
-    devices = list(devices)
-    if _kept is None:
-        return figures()
-    kept = _kept / ESTIMATES / f"{cache_key(lowered, devices, compile_options(devices))}.json"
-    try:
-        return json.loads(kept.read_text())
-    except (FileNotFoundError, ValueError):  # not kept yet, or not readable: worked out again
-        pass
-    answer = figures()
-    _keep(kept, json.dumps(answer))
+    answer = kept_figures(lowered, devices)
+    if answer is None:
+        answer = figures()
+        if _kept is not None:
+            _keep(_figures_path(lowered, list(devices)), json.dumps(answer))
     return answer
+
+
+def _figures_path(lowered, devices: list) -> epath.Path:
+    return _kept / ESTIMATES / f"{cache_key(lowered, devices, compile_options(devices))}.json"
 
 
 def _keep(kept: epath.Path, text: str) -> None:

@@ -282,7 +282,8 @@ def frees_enough(head: vocab_chunk.HeadCost | None, refused_head: vocab_chunk.He
 
 
 def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Callable,
-                     estimate: Callable[[RunStep, Any, Any], RematSpeed] | None = None):
+                     estimate: Callable[[RunStep, Any, Any], RematSpeed] | None = None,
+                     kept_speed: Callable[[RunStep, Any], RematSpeed | None] = lambda candidate, lowered: None):
     """(run_step, lowered, compiled train step): a rematerialisation policy of --remat whose step the
     compiler fits in memory, with the fastest vocabulary chunk that fits beside it. On TPU a program fits
     when the whole of it does (trainer.run.hbm), not only its temporaries. A candidate whose head cannot
@@ -294,7 +295,11 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
     (`estimate(candidate, lowered, compiled)`: its step time by the compiler's figures), the fastest that
     fits: the next policy is compiled only while the fastest so far is bound by HBM bytes, since one that
     recomputes more cannot beat a step bound by its FLOPs or collectives. The figures of every policy
-    compared are in the returned step's `remat_speeds`, the chosen first."""
+    compared are in the returned step's `remat_speeds`, the chosen first. `kept_speed(candidate, lowered)`: the
+    estimate a start before kept of that very program (compile_answers.kept_figures), if any; only a step that
+    fitted was estimated, so such a policy is compared without compiling it (reading its executable back from
+    JAX's cache), and compiled only if chosen. Every policy compared is still lowered: its estimate is found by
+    its program, and a policy whose program changed must be compiled and estimated again."""
     on_tpu = run_step.device_mesh.devices.flat[0].platform == "tpu"
     devices = list(run_step.device_mesh.devices.flat)
     if on_tpu and (refused := hbm.arguments_refusal(train_args(run_step), devices)):
@@ -302,35 +307,44 @@ def compile_run_step(run_step: RunStep, config, model_config, *, train_args: Cal
     chunks = chunk_candidates(run_step, config, model_config)
     remats = remat_candidates(config.remat)
     refused, fitting = None, []  # fitting: (speed, candidate, lowered, compiled)
+    comparing = estimate is not None and len(remats) > 1  # else nothing to compare a policy with
     for remat_number, remat in enumerate(remats, 1):
-        fits, refusal = _fitting_head(run_step, config, remat, chunks, train_args, devices, on_tpu=on_tpu,
-                                      remat_label=f"remat {remat} (candidate {remat_number} of {len(remats)})")
+        label = f"remat {remat} (candidate {remat_number} of {len(remats)})"
+        fits, refusal = _fitting_head(run_step, config, remat, chunks, train_args, devices, on_tpu=on_tpu, remat_label=label,
+                                      kept_speed=kept_speed if comparing else lambda candidate, lowered: None)
         if fits is None:
             refused = refusal
             continue
-        if estimate is None or len(remats) == 1:  # nothing to compare it with
-            return fits
-        fitting.append((estimate(*fits), *fits))
+        candidate, lowered, compiled, kept = fits
+        if not comparing:
+            return candidate, lowered, compiled
+        fitting.append((kept or estimate(candidate, lowered, compiled), candidate, lowered, compiled))
         fastest = min(fitting, key=lambda entry: entry[0].seconds)
         if fastest[0].bound_by != "bytes":
             break
     if not fitting:
         raise refused
     speeds, candidate, lowered, compiled = fastest
+    if compiled is None:  # chosen by its kept estimate: compiled (read back) now
+        compiled = compile_answers.compile(lowered, what=f"train step, remat {candidate.layers.remat}, vocabulary chunk "
+                                                         f"{candidate.vocab_chunk or 'none'} (chosen by its kept estimate)", devices=devices)
     others = tuple(entry[0] for entry in fitting if entry[0] is not speeds)
     return dataclasses.replace(candidate, remat_speeds=(speeds, *others)), lowered, compiled
 
 
 def _fitting_head(run_step: RunStep, config, remat: str, chunks, train_args: Callable, devices, *, on_tpu: bool,
-                  remat_label: str):
-    """((candidate, lowered, compiled), None) for the first vocabulary chunk of `chunks` whose step with
-    `remat` fits, or (None, the last refusal)."""
+                  remat_label: str, kept_speed: Callable[[RunStep, Any], RematSpeed | None]):
+    """((candidate, lowered, compiled, None), None) for the first vocabulary chunk of `chunks` whose step with
+    `remat` fits, or (None, the last refusal); ((candidate, lowered, None, its speed), None) for one whose
+    speed a start before kept (compile_run_step): it fitted then, and is not compiled here."""
     short, tried, refused = 0, None, None
     for head_number, head in enumerate(chunks, 1):
         if not frees_enough(head, tried, short):
             continue
         candidate = run_step.choosing(remat=remat, vocab_chunk=run_step.vocab_chunk if head is None else head.chunk)
         lowered = candidate.functions.train.lower(*train_args(candidate))
+        if (kept := kept_speed(candidate, lowered)) is not None:
+            return (candidate, lowered, None, kept), None
         what = f"train step, {remat_label}, vocabulary chunk {candidate.vocab_chunk or 'none'} (head {head_number} of {len(chunks)})"
         try:
             compiled = compile_answers.compile(lowered, what=what, devices=devices)
@@ -341,7 +355,7 @@ def _fitting_head(run_step: RunStep, config, remat: str, chunks, train_args: Cal
         else:
             refusal = hbm.whole_program_refusal(compiled, devices) if on_tpu else None
             if refusal is None:
-                return (candidate, lowered, compiled), None
+                return (candidate, lowered, compiled, None), None
         refused, short, tried = refusal, refusal.required - refusal.available, head
     return None, refused
 

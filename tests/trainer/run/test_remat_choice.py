@@ -22,19 +22,35 @@ def tiny_run_step(tmp_path_factory):
         yield run_step, model_config
 
 
-def _choose(tiny_run_step, figures: dict[str, tuple[float, str]]):
+def _speed(candidate, figures: dict[str, tuple[float, str]]) -> step.RematSpeed:
+    seconds, bound_by = figures[candidate.layers.remat]
+    return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
+
+
+def _choose(tiny_run_step, figures: dict[str, tuple[float, str]], **kept_speed):
     """compile_run_step with an estimate that answers `figures` for each policy; (chosen step, policies estimated)."""
     run_step, model_config = tiny_run_step
     estimated = []
 
     def estimate(candidate, lowered, compiled):
         estimated.append(candidate.layers.remat)
-        seconds, bound_by = figures[candidate.layers.remat]
-        return step.RematSpeed(remat=candidate.layers.remat, seconds=seconds, bound_by=bound_by)
+        return _speed(candidate, figures)
 
-    chosen, _, _ = step.compile_run_step(run_step, CONFIG, model_config, estimate=estimate,
-                                         train_args=lambda candidate: step.abstract_train_args(candidate, CONFIG, model_config))
+    chosen, _, compiled = step.compile_run_step(run_step, CONFIG, model_config, estimate=estimate, **kept_speed,
+                                                train_args=lambda candidate: step.abstract_train_args(candidate, CONFIG, model_config))
+    assert compiled is not None
     return chosen, estimated
+
+
+def test_policies_whose_estimates_a_start_before_kept_are_not_compiled_unless_chosen(tiny_run_step, monkeypatch):
+    """A restart with the compilation cache: each policy's estimate is read back by its program; it fitted when it
+    was estimated, so only the chosen one is compiled (read back from JAX's cache), and the choice is the same."""
+    figures = {"none": (2.0, "bytes"), "dots": (1.0, "flops"), "full": (1.5, "flops")}
+    compiled = []
+    compile = compile_answers.compile
+    monkeypatch.setattr(compile_answers, "compile", lambda lowered, **kw: compiled.append(kw["what"]) or compile(lowered, **kw))
+    chosen, estimated = _choose(tiny_run_step, figures, kept_speed=lambda candidate, lowered: _speed(candidate, figures))
+    assert chosen.layers.remat == "dots" and estimated == [] and len(compiled) == 1 and "remat dots" in compiled[0], compiled
 
 
 def test_a_step_bound_by_hbm_bytes_gives_way_to_a_faster_policy_that_recomputes_more(tiny_run_step):

@@ -4,8 +4,8 @@ directory that transformers, vLLM and other serving stacks load (Gemma3ForCausal
 The weights are the run's newest: its latest checkpoint, else WORKDIR/export (what the run wrote at
 its end). A LoRA run exports the merged model (`--lora-export merged`), the PEFT adapter alone
 (`adapter`), or the frozen base it was trained on (`base`, for the adapter to sit on when the base is
-not a published Gemma 3); a vision-language LoRA run has no adapter export, as its projector trains
-beside the adapters (nor a base for one). The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
+not a published Gemma 3); a vision-language LoRA run's adapter saves its trained projector (and a trained
+encoder) whole, as PEFT's modules_to_save, on a Gemma3ForConditionalGeneration base. The run's WORKDIR/config.json says which model, tokenizer and LoRA rank.
 
 Weights are bfloat16 by default (as Google publishes Gemma 3 and the trainer computes on TPU);
 `--dtype float32` keeps the float32 masters exactly.
@@ -115,11 +115,27 @@ def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dty
         hf_tokenizer.write_tokenizer_files(tokenizer, directory)
 
 
-def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int, base_model: str, dtype: str,
-                  write: bool = True) -> None:
-    """A PEFT LoRA adapter directory of the adapters' tree (trainer.model.models.adapters_only), into the existing `directory`."""
-    write_safetensors(directory, adapters, hf_weights.lora_tensors(model_config.num_layers), dtype=DTYPES[dtype],
-                      stem="adapter_model", max_shard_bytes=sys.maxsize, write=write)
+def saved_modules(model_config, *, train_encoder: bool) -> list[str]:
+    """What a LoRA run's adapter saves whole (PEFT's modules_to_save): a vision-language run's projector, trained
+    beside the adapters, and its image encoder when that trained too (--vision-encoder trained)."""
+    if model_config.vision is None:
+        return []
+    return ["multi_modal_projector", *(["vision_tower"] if train_encoder else [])]
+
+
+def write_adapter(directory: pathlib.Path, model_config, trained, *, rank: int, base_model: str, dtype: str,
+                  train_encoder: bool = False, write: bool = True) -> None:
+    """A PEFT LoRA adapter directory of a LoRA run's trained tree (the adapters, trainer.model.models.adapters_only,
+    and a vision-language run's projector), into the existing `directory`. On a vision-language model the adapter
+    sits on Gemma3ForConditionalGeneration (its text layers under model.language_model.) and saves the trained
+    projector (and encoder) whole, as PEFT's modules_to_save."""
+    modules = saved_modules(model_config, train_encoder=train_encoder)
+    text_model = hf_weights.TEXT_IN_MULTIMODAL if model_config.vision is not None else "model."
+    tensors = hf_weights.lora_tensors(model_config.num_layers, text_model=text_model)
+    if modules:
+        tensors += hf_weights.saved_module_tensors(model_config.vision, modules)
+    write_safetensors(directory, trained, tensors, dtype=DTYPES[dtype], stem="adapter_model", max_shard_bytes=sys.maxsize,
+                      write=write)
     if not write:
         return
     _write_json(directory / "adapter_config.json", {
@@ -130,19 +146,21 @@ def write_adapter(directory: pathlib.Path, model_config, adapters, *, rank: int,
         "lora_alpha": rank,  # PEFT scales by lora_alpha / r; our LoRA (gemma's) does not scale
         "lora_dropout": 0.0,
         "bias": "none",
-        "target_modules": [*hf_weights.ATTENTION_MODULES, *hf_weights.MLP_MODULES],
+        "target_modules": hf_weights.MULTIMODAL_TARGET_MODULES if modules else [*hf_weights.ATTENTION_MODULES,
+                                                                                *hf_weights.MLP_MODULES],
         "fan_in_fan_out": False,
         "use_rslora": False,
         "inference_mode": True,
+        **({"modules_to_save": modules} if modules else {}),
     })
 
 
-def check_adapter_export(model_config, *, what: str) -> None:
-    """One line for a vision-language run's adapter export: its projector (and a trained encoder) train beside
-    the adapters, and the PEFT adapter write_adapter writes would leave those trained weights out."""
-    if model_config.vision is not None:
-        raise UserError(f"{what} reads images, and its trained projector is no part of a PEFT adapter this trainer "
-                        "writes; export the merged model (--lora-export merged, --publish-parts hf)")
+def check_base_export(config: TrainConfig, model_config, *, what: str) -> None:
+    """One line for a vision-language run's base at the end of training (--publish-parts base): the run keeps its
+    frozen part only, without the projector the base had before training; trainer.export writes that base."""
+    if model_config.vision is not None and "base" in config.publish_parts:
+        raise UserError(f"{what} reads images, and its base's projector is not kept while it trains; leave base out "
+                        f"and export it after the run: python -m trainer.export --run {config.workdir} --lora-export base")
 
 
 def adapter_base_model(config: TrainConfig) -> str:
@@ -237,15 +255,19 @@ def run_weights(run: Run) -> tuple[dict, dict | None, str]:
 def export_run(run: Run, out: pathlib.Path, *, lora_export: str, dtype: str) -> str:
     """Writes `out` (which must not exist, or be empty); returns where the weights came from."""
     _require_free(out)
-    trained, frozen, source = run_weights(run)
+    if run.config.lora_rank and lora_export == "base":  # what the adapter sits on: the weights the run began from
+        trained, source = None, f"its --weights {run.config.weights}"
+        params = models.base_weights(run.config, run.model_config, _on_one_device)
+    else:
+        trained, frozen, source = run_weights(run)
+        params = models.merge_lora_into_base(trained if frozen is None else models.join_lora(frozen, trained))
     with shared_files.replaced_atomically(out) as temporary:
         temporary.mkdir()
         if run.config.lora_rank and lora_export == "adapter":
             write_adapter(temporary, run.model_config, trained, rank=run.config.lora_rank,
-                          base_model=adapter_base_model(run.config), dtype=dtype)
+                          base_model=adapter_base_model(run.config), dtype=dtype,
+                          train_encoder=run.config.vision_encoder == "trained")
         else:
-            params = frozen if run.config.lora_rank and lora_export == "base" else models.merge_lora_into_base(
-                trained if frozen is None else models.join_lora(frozen, trained))
             write_model(temporary, run.model_config, params, run.tokenizer, dtype=dtype, vision=run.model_config.vision)
         if out.exists():
             out.rmdir()  # empty (checked above): os.replace needs the name free on every filesystem
@@ -301,8 +323,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = read_run(args.run, tokenizer=args.tokenizer)
     if args.lora_export != "merged" and not run.config.lora_rank:
         raise UserError(f"--lora-export {args.lora_export}: the run at {args.run} is a full fine-tune (no LoRA); leave it out")
-    if args.lora_export != "merged":  # the base is the adapter's to sit on (its frozen part: no projector either)
-        check_adapter_export(run.model_config, what=f"--lora-export {args.lora_export}: the run at {args.run}")
     source = export_run(run, pathlib.Path(args.out), lora_export=args.lora_export, dtype=args.dtype)
     print(f"trainer.export: wrote {args.out} from {source}")
     if args.publish is not None:

@@ -172,26 +172,53 @@ def test_a_vision_language_model_is_asked_about_each_picture_and_its_right_answe
 
 
 
-def test_a_vision_language_lora_run_s_adapter_export_is_refused_as_it_would_drop_the_trained_projector(
+def test_a_vision_language_lora_run_s_adapter_with_its_projector_on_its_base_reads_back_as_the_run_s_model(
         image_chat, tmp_path, capsys):
-    """The projector trains beside the adapters; a PEFT adapter without it would lose trained weights. Both ways
-    to the adapter (and its base) say so in one line: trainer.export, and a run asked to publish it (before it
-    trains)."""
+    """The projector trains beside the adapters: the PEFT adapter saves it whole (modules_to_save), its LoRA under
+    Gemma3ForConditionalGeneration's text layers, on the base with its own projector and encoder; our import of
+    both gives the run's logits with images. Only --publish-parts base stops (one line, before training): the
+    run does not keep the base's projector, trainer.export writes that base."""
+    from safetensors.numpy import load_file
+
+    from tests.trainer.hf.test_export import jax_logits, max_diff
+    from tests.trainer.hf.test_import import with_images
     from trainer.__main__ import main
 
     path, tokenizer = image_chat
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"model": "tiny", "lora_rank": 4, "tokenizer": tokenizer.path,
-                                                 "model_config": {"vision": {"depth": 1}}}))
-    trained = ["--model", "tiny", "--weights", "random", "--data", str(path), "--tokenizer", tokenizer.path, "--lora-rank", "4",
-               "--publish-parts", "hf,adapter", "--workdir", str(tmp_path / "trained"), "--seq-len", "64", "--batch-size", "2",
-               "--steps", "1", "--no-samples"]
-    exported = ["--run", str(run), "--out", str(tmp_path / "out"), "--lora-export"]
-    for flag, entry, args in (("--lora-export adapter", export.main, [*exported, "adapter"]),
-                              ("--lora-export base", export.main, [*exported, "base"]),  # the adapter's base, frozen
-                              ("--publish-parts hf,adapter", main, trained)):
-        status, error = entry(args), capsys.readouterr().err.strip()
-        assert status == contract.USER_ERROR and "\n" not in error, error
-        assert flag in error and "projector" in error and "export the merged model" in error, error
-    assert not (tmp_path / "out").exists() and not (tmp_path / "trained" / "metrics.jsonl").exists()
+    run, out = tmp_path / "run", tmp_path / "out"
+    args = ["--model", "tiny", "--weights", "random", "--data", str(path), "--tokenizer", tokenizer.path, "--lora-rank", "4",
+            "--workdir", str(run), "--seq-len", "64", "--batch-size", "2", "--steps", "2", "--no-samples",
+            "--compute-dtype", "float32", "--lr", "0.01", "--warmup-steps", "0", "--eval-fraction", "0"]
+    assert main([*args, "--publish-parts", "hf,base"]) == contract.USER_ERROR
+    error = capsys.readouterr().err.strip()
+    assert "--publish-parts hf,base" in error and "--lora-export base" in error and "\n" not in error, error
+    assert not (run / "metrics.jsonl").exists()
+    assert main([*args, "--publish-parts", "hf,adapter"]) == contract.OK
+    for part in ("adapter", "base"):
+        assert export.main(["--run", str(run), "--out", str(out / part), "--lora-export", part, "--dtype", "float32"]) == contract.OK
+    adapter_config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["modules_to_save"] == ["multi_modal_projector"]
+    names = set(load_file(out / "adapter" / "adapter_model.safetensors"))
+    assert names == set(load_file(run / "export" / "adapter" / "adapter_model.safetensors"))
+    assert {"base_model.model.model.multi_modal_projector.mm_input_projection_weight",
+            "base_model.model.model.multi_modal_projector.mm_soft_emb_norm.weight",
+            "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"} <= names
+    assert all(n.startswith(("base_model.model.model.language_model.layers.", "base_model.model.model.multi_modal_projector."))
+               for n in names), names
+    base = json.loads((out / "base" / "config.json").read_text())
+    assert base["architectures"] == ["Gemma3ForConditionalGeneration"]
+
+    model_config = models.model_config("tiny", vocab_size=tokenizer.vocab_size, images=True)
+    loaded = parse_config(["--model", "tiny", "--weights", str(out / "base"), "--lora-weights", str(out / "adapter"),
+                           "--lora-rank", "4", "--data", str(path), "--tokenizer", tokenizer.path, "--workdir", str(tmp_path / "again")])
+    models.check_weights(loaded, model_config)
+    trained, frozen = models.initial_params(loaded, model_config, export._on_one_device, resuming=False)
+    ours = models.merge_lora_into_base(models.join_lora(frozen, trained))
+    runs = ocp.PyTreeCheckpointer().restore(run / "export" / "params")
+    start = models.init_params(model_config, seed=0)  # the run's base (--weights random)
+    assert not np.allclose(runs["embedder"]["mm_input_projection"]["w"], start["embedder"]["mm_input_projection"]["w"])
+    vision = model_config.vision
+    tokens = with_images(np.random.default_rng(0).integers(7, tokenizer.vocab_size, size=(2, 40)), vision)
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 2, vision.image_size, vision.image_size, 3)).astype(np.float32)
+    logits = [jax_logits(model_config, params, tokens, vision=vision, images=images) for params in (ours, runs)]
+    assert max_diff(*logits) < 1e-5, max_diff(*logits)

@@ -45,8 +45,7 @@ STORED_PREFIXES = {
 }
 # Weights besides the ones a PEFT adapter of this trainer's LoRA has, that it cannot take on.
 _UNSUPPORTED_ADAPTER = {"rank_pattern": "per-module ranks", "alpha_pattern": "per-module alphas",
-                        "layers_to_transform": "adapters on some layers only", "use_dora": "DoRA",
-                        "modules_to_save": "fully trained modules"}
+                        "layers_to_transform": "adapters on some layers only", "use_dora": "DoRA"}
 
 
 def is_model_directory(path: str) -> bool:
@@ -253,6 +252,12 @@ class AdapterDirectory:
             if self.config.get(key):
                 raise UserError(f"{flag} {path}: adapter_config.json sets {key} ({what}), which this trainer's LoRA "
                                 "cannot hold; merge the adapter into its base and train from that")
+        saved = self.config.get("modules_to_save") or []
+        if not (isinstance(saved, list) and all(isinstance(m, str) for m in saved) and set(saved) <= set(hf_weights.SAVED_MODULES)):
+            raise UserError(f"{flag} {path}: adapter_config.json's modules_to_save is {saved}; this trainer's LoRA takes "
+                            f"only {' and '.join(hf_weights.SAVED_MODULES)} saved whole (a vision-language run's); merge "
+                            "the adapter into its base and train from that")
+        self.saved_modules: list[str] = saved  # an image model's parts, trained whole beside the LoRA
         self.tensors = _Tensors(path, [ADAPTER_WEIGHTS], flag)
 
     @property
@@ -260,7 +265,8 @@ class AdapterDirectory:
         rank, alpha = self.config["r"], self.config.get("lora_alpha", 8)  # PEFT's default alpha
         return alpha / (math.sqrt(rank) if self.config.get("use_rslora") else rank)
 
-    def check(self, model_config, expected, *, lora_rank: int) -> None:
+    def check(self, model_config, expected, *, lora_rank: int, model_expected=None) -> None:
+        """`expected`: the adapters' tree as shapes; `model_expected`: the model's, for modules_to_save."""
         if self.config.get("r") != lora_rank:
             raise UserError(f"{self.flag} {self.path}: the adapter's rank (r) is {self.config.get('r')}, the run's "
                             f"--lora-rank {lora_rank}; pass --lora-rank {self.config.get('r')}")
@@ -270,7 +276,7 @@ class AdapterDirectory:
         modules = self.config.get("target_modules")
         ours = {*hf_weights.ATTENTION_MODULES, *hf_weights.MLP_MODULES}
         listed = isinstance(modules, list) and all(isinstance(module, str) for module in modules)
-        if modules != "all-linear" and not (listed and set(modules) == ours):
+        if modules not in ("all-linear", hf_weights.MULTIMODAL_TARGET_MODULES) and not (listed and set(modules) == ours):
             raise UserError(f"{self.flag} {self.path}: the adapter's target_modules are {modules}; this trainer's LoRA "
                             f"adapts {', '.join(sorted(ours))}")
         abstract = expected
@@ -290,9 +296,26 @@ class AdapterDirectory:
                     raise UserError(f"{self.flag} {self.path}: {first.name} and {tensor.name} differ; this trainer's LoRA "
                                     "shares one A between k and v (gate and up), so it cannot continue this adapter")
             shared.setdefault(tensor.source, tensor)
+        if self.saved_modules:
+            self._check_saved_modules(model_config, model_expected)
+
+    def _check_saved_modules(self, model_config, model_expected) -> None:
+        if model_config.vision is None:
+            raise UserError(f"{self.flag} {self.path}: the adapter saves {', '.join(self.saved_modules)} whole, parts of "
+                            "an image model, and this run's model reads no images; train on data with images")
+        for tensor in hf_weights.saved_module_tensors(model_config.vision, self.saved_modules):
+            stored = self.tensors.stored_name(tensor.name, hf_weights.PEFT_PREFIX)
+            self.tensors.check_shape(tensor, stored, tuple(hf_weights.lookup(model_expected, tensor.source).shape),
+                                     "this model's image encoder")
 
     def load(self, model_config, expected, shardings):
         """The adapters' tree `expected` (trainer.model.models.adapters_only) of float32 arrays in `shardings`."""
         scale = self.scale
         return self.tensors.load(hf_weights.lora_tensors(model_config.num_layers), hf_weights.PEFT_PREFIX, expected,
                                  shardings, lambda name: scale if ".lora_B." in name else 1.0)
+
+    def load_saved_modules(self, model_config, expected, shardings):
+        """The modules the adapter saves whole (a vision-language run's projector, and encoder), as the part of the
+        model's tree `expected` (ShapeDtypeStructs) that they replace, in `shardings`."""
+        return self.tensors.load(hf_weights.saved_module_tensors(model_config.vision, self.saved_modules),
+                                 hf_weights.PEFT_PREFIX, expected, shardings, lambda name: 1.0)

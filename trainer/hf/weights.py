@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -176,11 +177,12 @@ def multimodal_tensors(config, vision) -> list[Tensor]:
     return [dataclasses.replace(tensor, name=LANGUAGE_MODEL + tensor.name) for tensor in model_tensors(config)] + vision_tensors(vision)
 
 
-def lora_tensors(num_layers: int) -> list[Tensor]:
-    """PEFT's adapter_model.safetensors tensors for an adapters tree (trainer.model.models.adapters_only)."""
+def lora_tensors(num_layers: int, *, text_model: str = "model.") -> list[Tensor]:
+    """PEFT's adapter_model.safetensors tensors for an adapters tree (trainer.model.models.adapters_only), its
+    layers under `text_model` (TEXT_IN_MULTIMODAL on a Gemma3ForConditionalGeneration base)."""
     tensors = []
     for i in range(num_layers):
-        layer, name = f"layer_{i}", f"{PEFT_PREFIX}model.layers.{i}."
+        layer, name = f"layer_{i}", f"{PEFT_PREFIX}{text_model}layers.{i}."
         lora = lambda *einsum: (layer, *einsum, "lora")  # noqa: E731
         q, kv, o = lora("attn", "q_einsum", "_LoRAEinsum_0"), lora("attn", "kv_einsum", "_LoRAEinsum_0"), lora("attn", "attn_vec_einsum", "_LoRAEinsum_0")
         gating, linear = lora("mlp", "_LoRAEinsum_gating_einsum"), lora("mlp", "_LoRAEinsum_linear")
@@ -199,6 +201,24 @@ def lora_tensors(num_layers: int) -> list[Tensor]:
                 Tensor(f"{name}{module}.lora_B.weight", (*source, "b"), B_RANK_FIRST, b_part),
             ]
     return tensors
+
+
+# Where transformers 5's Gemma3ForConditionalGeneration keeps the text layers, and its other parts (PEFT's names).
+TEXT_IN_MULTIMODAL = "model.language_model."
+# A vision-language adapter's target_modules (PEFT matches a string whole against module names): the text layers'
+# projections only, as the vision tower has q_proj, k_proj and v_proj too.
+MULTIMODAL_TARGET_MODULES = (re.escape(TEXT_IN_MULTIMODAL) + r"layers\.\d+\.(self_attn|mlp)\.("
+                             + "|".join(ATTENTION_MODULES + MLP_MODULES) + ")")
+# PEFT's modules_to_save names of the parts a vision-language LoRA run trains whole, and their tensors' prefixes.
+SAVED_MODULES = {"multi_modal_projector": PROJECTOR, "vision_tower": VISION_TOWER}
+
+
+def saved_module_tensors(vision, modules) -> list[Tensor]:
+    """PEFT's adapter_model.safetensors tensors of `modules` (SAVED_MODULES' keys) saved whole beside the LoRA, as
+    PEFT names a fully trained module of a Gemma3ForConditionalGeneration: without its `modules_to_save.` wrapper."""
+    prefixes = tuple(SAVED_MODULES[module] for module in modules)
+    return [dataclasses.replace(tensor, name=f"{PEFT_PREFIX}model.{tensor.name}") for tensor in vision_tensors(vision)
+            if tensor.name.startswith(prefixes)]
 
 
 def lookup(tree, path: tuple[str, ...]):

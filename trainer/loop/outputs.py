@@ -71,7 +71,7 @@ def export_final(workdir: pathlib.Path, state, frozen, *, config: TrainConfig, m
         "base": lambda folder, write: export.write_model(folder, model_config, frozen, tokenizer, dtype="bfloat16", write=write),
         "adapter": lambda folder, write: export.write_adapter(folder, model_config, state["params"], rank=config.lora_rank,
                                                               base_model=export.adapter_base_model(config), dtype="bfloat16",
-                                                              write=write),
+                                                              train_encoder=config.vision_encoder == "trained", write=write),
     }  # fmt: skip
     parts = tuple(dict.fromkeys(("hf", *config.publish_parts)))  # hf always: what `trainer.export` and users read
     try:

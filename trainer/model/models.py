@@ -55,6 +55,8 @@ def image_layout(name: str, *, vocab_size: int) -> images.Layout | None:
 VISION_MODELS = ("gemma3-4b", "gemma3-12b", "gemma3-27b")
 _ENCODER = (("vision_encoder",),)
 _PROJECTOR = (("embedder", "mm_soft_embedding_norm"), ("embedder", "mm_input_projection"))
+# The branches of PEFT's modules_to_save (trainer.hf.weights.SAVED_MODULES).
+_SAVED_MODULES = {"multi_modal_projector": _PROJECTOR, "vision_tower": _ENCODER}
 
 
 def _apart(params: Params, paths) -> tuple[Params, Params]:
@@ -235,13 +237,15 @@ def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
     if not config.lora_rank:
         if resuming and (model_config.vision is None or train_encoder):
             return jax.eval_shape(lambda: init_params(model_config, seed=config.seed, out_shardings=shard)), None
-        return trained_and_frozen(_base_weights(config, model_config, shard), train_encoder=train_encoder)
-    base = _base_weights(config, model_config, shard)
+        return trained_and_frozen(base_weights(config, model_config, shard), train_encoder=train_encoder)
+    base = base_weights(config, model_config, shard)
     fresh = lambda: init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)  # noqa: E731
     if config.lora_weights and not resuming:  # a resumed run's adapters are its checkpoint's
         expected = jax.eval_shape(fresh)
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
-            adapters = hf_load.AdapterDirectory(config.lora_weights).load(model_config, expected, shard(expected))
+            adapter = hf_load.AdapterDirectory(config.lora_weights)
+            adapters = adapter.load(model_config, expected, shard(expected))
+            base = _with_saved_modules(base, adapter, model_config, shard)
     else:
         adapters = fresh()
     return trained_and_frozen(base, adapters, train_encoder=train_encoder)
@@ -251,7 +255,17 @@ def _weights_path(config: TrainConfig) -> str:
     return official_checkpoint(config.model) if config.weights == "official" else config.weights
 
 
-def _base_weights(config: TrainConfig, model_config, shard):
+def _with_saved_modules(base: Params, adapter, model_config, shard) -> Params:
+    """`base` with the modules the adapter saves whole (a vision-language run's projector, and encoder) over its own."""
+    paths = tuple(path for module in adapter.saved_modules for path in _SAVED_MODULES[module])
+    if not paths:
+        return base
+    rest, replaced = _apart(base, paths)
+    expected = jax.eval_shape(lambda: replaced)
+    return join_lora(rest, adapter.load_saved_modules(model_config, expected, shard(expected)))
+
+
+def base_weights(config: TrainConfig, model_config, shard):
     """The model's weights as --weights gives them: random, the official checkpoint, a checkpoint path or
     a Hugging Face directory."""
     if config.weights == "random":
@@ -280,4 +294,6 @@ def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_s
     if config.lora_weights:
         expected = jax.eval_shape(lambda: init_adapters(model_config, seed=0, lora_rank=config.lora_rank))
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
-            hf_load.AdapterDirectory(config.lora_weights).check(model_config, expected, lora_rank=config.lora_rank)
+            hf_load.AdapterDirectory(config.lora_weights).check(
+                model_config, expected, lora_rank=config.lora_rank,
+                model_expected=jax.eval_shape(lambda: init_params(model_config, seed=0)))

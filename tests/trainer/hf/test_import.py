@@ -253,6 +253,36 @@ def test_an_imported_vision_model_exports_back_the_same(made, tokenizer, tmp_pat
     assert difference < TOLERANCE
 
 
+def test_our_vision_language_adapter_with_its_projector_on_our_base_gives_peft_logits_with_images(made, tokenizer, tmp_path):
+    """A vision-language LoRA run's adapter (its LoRA on Gemma3ForConditionalGeneration's text layers, its trained
+    projector saved whole as modules_to_save) and its base, exported: PEFT puts the adapter on transformers' model
+    of the base and gives our logits with images."""
+    vision = made["vision"]
+    config = dataclasses.replace(made["config"], vision=vision)
+    base = random_params(config, seed=3)
+    rng = np.random.default_rng(4)
+    projector = {key: jax.tree.map(lambda w: w + jnp.asarray(0.1 * rng.standard_normal(w.shape), w.dtype), base["embedder"][key])
+                 for key in ("mm_input_projection", "mm_soft_embedding_norm")}
+    adapters = random_adapters(config)
+    (tmp_path / "base").mkdir(), (tmp_path / "adapter").mkdir()
+    export.write_model(tmp_path / "base", made["config"], base, tokenizer, dtype="float32", vision=vision)
+    export.write_adapter(tmp_path / "adapter", config, models.join_lora({"embedder": projector}, adapters), rank=RANK,
+                         base_model="test", dtype="float32")
+    merged = models.merge_lora_into_base(models.join_lora(base, adapters))
+    merged["embedder"] = {**merged["embedder"], **projector}  # the trained projector over the base's
+    images = {"pixel_values": str(made["root"] / "pixel_values.npy"), "image_token_index": vision.image_token_id}
+    plan = {"models": [{"model": str(tmp_path / "base"), "adapter": str(tmp_path / "adapter"), "images": images,
+                        "tokens": made["vision_tokens"].tolist(), "out": str(tmp_path / "logits.npy")}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    result = subprocess.run([HF_PYTHON, str(REPO / "tests" / "hf_check.py"), str(tmp_path / "plan.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ours = jax_logits(made["config"], merged, made["vision_tokens"], vision=vision, images=made["images"])
+    difference = max_diff(np.load(tmp_path / "logits.npy"), ours)
+    print(f"vision adapter on its base with images: max abs logit difference {difference:.2e}")
+    assert difference < 1e-4
+
+
 def test_a_peft_adapter_on_a_sharded_model_gives_peft_logits(made):
     directory = made["root"] / "sharded"
     assert (directory / "model.safetensors.index.json").exists() and len(list(directory.glob("model-*.safetensors"))) > 1

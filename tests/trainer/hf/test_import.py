@@ -283,6 +283,28 @@ def test_our_vision_language_adapter_with_its_projector_on_our_base_gives_peft_l
     assert difference < 1e-4
 
 
+def test_an_adapter_saving_modules_this_trainer_cannot_hold_is_one_line(tmp_path):
+    """modules_to_save other than a vision-language run's projector and encoder, or those on a model without
+    images, stop with one line naming the adapter."""
+    config = models.model_config("tiny", vocab_size=300, images=True)
+    shapes = jax.eval_shape(lambda: models.init_params(config, seed=0))
+    trained = models.join_lora({"embedder": {key: shapes["embedder"][key] for key in ("mm_input_projection", "mm_soft_embedding_norm")}},
+                               jax.eval_shape(lambda: models.init_adapters(config, seed=0, lora_rank=RANK)))
+    export.write_adapter(tmp_path, config, jax.tree.map(lambda leaf: np.zeros(leaf.shape, np.float32), trained), rank=RANK,
+                         base_model="test", dtype="float32")
+    text = models.model_config("tiny", vocab_size=300)
+    adapters = jax.eval_shape(lambda: models.init_adapters(text, seed=0, lora_rank=RANK))
+    with pytest.raises(UserError, match=f"^--lora-weights {tmp_path}: the adapter saves multi_modal_projector whole, parts of "
+                                        "an image model, and this run's model reads no images; train on data with images$"):
+        hf_load.AdapterDirectory(str(tmp_path)).check(text, adapters, lora_rank=RANK)
+    adapter_config = json.loads((tmp_path / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**adapter_config, "modules_to_save": ["lm_head"]}))
+    with pytest.raises(UserError, match=re.escape(f"--lora-weights {tmp_path}: adapter_config.json's modules_to_save is "
+                                                  "['lm_head']; this trainer's LoRA takes only multi_modal_projector and "
+                                                  "vision_tower saved whole")):
+        hf_load.AdapterDirectory(str(tmp_path))
+
+
 def test_a_peft_adapter_on_a_sharded_model_gives_peft_logits(made):
     directory = made["root"] / "sharded"
     assert (directory / "model.safetensors.index.json").exists() and len(list(directory.glob("model-*.safetensors"))) > 1

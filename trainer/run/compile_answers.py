@@ -34,7 +34,7 @@ from typing import TextIO
 import jax
 from etils import epath
 
-from trainer import storage
+from trainer import shared_files, storage
 from trainer.run import hardware, tpu_flags
 
 _ACCELERATOR_OF_DEVICE_KIND = {kind: accelerator for accelerator, kind in hardware.DEVICE_KIND_OF_ACCELERATOR.items()}
@@ -311,7 +311,7 @@ def _keep(kept: epath.Path, text: str) -> None:
     if jax.process_index() != 0:
         return
     kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = kept.parent / f"{kept.name}.{os.getpid()}.partial"
+    partial = shared_files.temporary_sibling(kept)  # unique across hosts: runs on several slices may share the cache
     partial.write_text(text)
     partial.rename(kept)
 

@@ -17,6 +17,8 @@ import dataclasses
 import logging
 import os
 import pathlib
+import socket
+import time
 from collections.abc import Iterator
 
 from trainer.errors import UserError, first_line
@@ -49,7 +51,8 @@ _STORAGE_MODULES = ("aiohttp", "gcsfs", "fsspec", "google.auth", "google.api_cor
                     "urllib3", "tensorflow")
 _CREDENTIALS_FIX = ("give this job credentials that may {doing} it: `gcloud auth application-default login` (on GKE, a "
                     "Workload Identity binding of the pod's service account)")
-_NETWORK_FIX = "check this machine's network (and proxy) to storage.googleapis.com"
+_STORAGE_HOST = "storage.googleapis.com"
+_NETWORK_FIX = f"check this machine's network (and proxy) to {_STORAGE_HOST}"
 _UNKNOWN_FIX = ("check the network and the Google Cloud credentials (`gcloud auth application-default login`; on GKE, "
                 "a Workload Identity binding of the pod's service account)")
 _LOCAL_FIX = {READ: "check that this job may read it", WRITE: "choose a directory this job can write"}
@@ -183,12 +186,37 @@ def check_reachable(flag: str, path, *, doing: str = READ, instead: str = "") ->
         return
     from etils import epath
 
+    unresolved = _storage_name_unresolved()
+    if unresolved:
+        raise UserError(failure_line(flag, path, Cause("Cloud Storage did not answer", _NETWORK_FIX), doing=doing,
+                                     detail=unresolved, instead=instead))
     with _one_line(flag, path, doing=doing, instead=instead):
         if epath.Path(path).exists():
             return
         missing = _missing_bucket(path)
     if missing is not None:
         raise UserError(failure_line(flag, path, missing, doing=doing, instead=instead))
+
+
+def _storage_name_unresolved(tries: int = 2) -> str:
+    """Why this machine cannot look up Cloud Storage's name (no network), or "" when it can, or when gs:// does
+    not go there by name (an emulator's endpoint, a proxy that resolves names itself, a file system other than
+    gcsfs serving gs://). gcsfs would first spend ~50 s on retries."""
+    import fsspec
+
+    if any(os.environ.get(name) for name in ("STORAGE_EMULATOR_HOST", "HTTPS_PROXY", "https_proxy")) \
+            or not fsspec.get_filesystem_class("gs").__module__.startswith("gcsfs"):
+        return ""
+    failure = ""
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(1.0)  # a resolver that failed once may answer the second time
+        try:
+            socket.getaddrinfo(_STORAGE_HOST, 443)
+            return ""
+        except OSError as error:
+            failure = f"{_STORAGE_HOST}: {error.strerror or error}"
+    return failure
 
 
 def check_folder(flag: str, path, *, to: str, buckets: bool = True) -> None:

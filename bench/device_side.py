@@ -305,9 +305,11 @@ def add_case_arguments(parser: argparse.ArgumentParser, *, batch_help: str, acce
 
 
 def write_result(measure, args) -> int:
-    """A side's figures, `measure(args)`, as JSON in --result."""
+    """A side's figures, `measure(args)`, as JSON in --result (written only once measured: a side that fails
+    leaves no file, not an empty one)."""
+    figures = measure(args)
     with open(args.result, "w") as out:
-        json.dump(measure(args), out)
+        json.dump(figures, out)
     return 0
 
 

@@ -81,7 +81,7 @@ def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_le
 
 def out_of_memory(error: Exception) -> bool:
     """The trainer's refusal (trainer.run.hbm), or the compiler's or the device's own (XLA's RESOURCE_EXHAUSTED)."""
-    return isinstance(error, hbm.MemoryRefusal) or "RESOURCE_EXHAUSTED" in str(error)
+    return isinstance(error, hbm.MemoryRefusal) or hbm.out_of_memory(error)
 
 
 class DoesNotFit(Exception):

@@ -27,10 +27,10 @@ def main(argv=None, *, started: float | None = None) -> int | None:
         print(f"trainer: {preempted}", file=sys.stderr)
         return contract.RETRY
     except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" not in str(error):
-            raise
         from trainer.run import hbm
 
+        if not hbm.out_of_memory(error):
+            raise
         raise UserError(f"out of device memory ({first_line(error)}); "
                         f"{hbm.advice(config, jax.device_count())}") from None
 

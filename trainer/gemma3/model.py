@@ -122,10 +122,10 @@ class RMSNorm(nn.Module):
 
 
 def rope(x, positions, *, base_frequency: int, scale_factor: float):
-    """Rotary embedding of x [B, L, N, H] at `positions` [B, L] (the halves of H rotate together)."""
+    """Rotary embedding of x [B, N, L, H] (heads first) at `positions` [B, L] (the halves of H rotate together)."""
     half = x.shape[-1] // 2
     timescale = base_frequency ** (2.0 * jnp.arange(half, dtype=jnp.float32) / x.shape[-1])
-    angle = positions[..., None, None] / timescale / scale_factor
+    angle = positions[:, None, :, None] / timescale / scale_factor
     sin, cos = jnp.sin(angle), jnp.cos(angle)
     first, second = x[..., :half], x[..., half:]
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
@@ -142,19 +142,19 @@ def packed_mask(segment_ids, image_ids=None):
 
 
 def dense_attention(query, key, value, positions, segment_ids, *, window: int | None, image_ids=None):
-    """query [B, L, N, H] (already scaled), key/value [B, L, K, H] -> [B, L, N, H], through the [B, L, L]
-    mask of packed rows (same segment, causal or within one image, and within `window` positions for a
-    local layer)."""
-    batch, length, heads, head_dim = query.shape
-    kv_heads = key.shape[2]
+    """query [B, N, L, H] (already scaled), key/value [B, K, L, H] -> [B, N, L, H] (heads first, as the splash
+    kernel), through the [B, L, L] mask of packed rows (same segment, causal or within one image, and within
+    `window` positions for a local layer)."""
+    batch, heads, length, head_dim = query.shape
+    kv_heads = key.shape[1]
     mask = packed_mask(segment_ids, image_ids)
     if window is not None:
         mask &= positions[:, None, :] > positions[:, :, None] - window
-    grouped = query.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
-    logits = jnp.einsum("BTKGH,BSKH->BTKGS", grouped, key)
-    logits = jnp.where(mask[:, :, None, None, :], logits, MASKED)
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, length, head_dim)
+    logits = jnp.einsum("BKGTH,BKSH->BKGTS", grouped, key)
+    logits = jnp.where(mask[:, None, None], logits, MASKED)
     probs = jax.nn.softmax(logits, axis=-1).astype(key.dtype)
-    return jnp.einsum("BTKGS,BSKH->BTKGH", probs, value).reshape(batch, length, heads, head_dim)
+    return jnp.einsum("BKGTS,BKSH->BKGTH", probs, value).reshape(batch, heads, length, head_dim)
 
 
 class Embedder(nn.Module):
@@ -185,26 +185,31 @@ class _Module(nn.Module):
 
 
 class SelfAttention(_Module):
+    """Queries, keys and values projected heads first ([B, N, T, H]), the splash kernel's layout, and its output
+    contracted by the output projection as it is: projected tokens first ([B, T, N, H]), gemma3-270m's query
+    projection, compiled for v5e at 16 x 1024, wrote [B, N, H, T] and copied it to the kernel's layout, 33.6 MB a
+    layer (BENCHMARKS.md, issue 52). The weights keep gemma's shapes."""
+
     kind: Attention = Attention.GLOBAL
     options: layers.LayerOptions = layers.LayerOptions()
 
     @nn.compact
     def __call__(self, x, positions, segment_ids, image_ids=None):
         c, dtype, rank = self.config, self.dtype, self.lora_rank
-        query = Einsum((c.num_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="q_einsum")("BTD,NDH->BTNH", x)
+        query = Einsum((c.num_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="q_einsum")("BTD,NDH->BNTH", x)
         key, value = Einsum((2, c.num_kv_heads, c.embed_dim, c.head_dim), dtype, rank, self.options, name="kv_einsum")(
-            "BSD,CKDH->CBSKH", x)
+            "BSD,CKDH->CBKSH", x)
         query, key = RMSNorm(dtype, name="_query_norm")(query), RMSNorm(dtype, name="_key_norm")(key)
         base_frequency, scale_factor = c.rope(self.kind)
         query = rope(query, positions, base_frequency=base_frequency, scale_factor=scale_factor) * c.query_pre_attn_scalar**-0.5
         key = rope(key, positions, base_frequency=base_frequency, scale_factor=scale_factor)
         window = c.sliding_window_size if self.kind is Attention.LOCAL else None
         if self.options.attention in layers.KERNELS and image_ids is None:
-            encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window)
+            encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window, heads_first=True)
         else:
             encoded = dense_attention(query, key, value, positions, segment_ids, window=window, image_ids=image_ids)
         return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, self.options, name="attn_vec_einsum")(
-            "BTNH,NHD->BTD", encoded)
+            "BNTH,NHD->BTD", encoded)
 
 
 class FeedForward(_Module):

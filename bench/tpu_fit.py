@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--accelerator", default="v6e")
     parser.add_argument("--no-batch-search", dest="search_batch", action="store_false")
     parser.add_argument("--extra", action="append", default=[], help="a trainer flag for every run, e.g. --extra=--remat=full")
+    parser.add_argument("--images-per-row", type=int, default=0,
+                        help="a vision-language run: each row holds this many images (gemma3-4b and larger; default 0, text)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     jax.config.update("jax_platforms", "cpu")  # it compiles for the TPU slice it describes and runs nothing
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
                                "--batch-size", str(args.batch_size), "--mesh", f"data=-1,fsdp={len(devices)}", "--steps", "1000",
                                *args.extra])
         started = time.perf_counter()
-        report = compiled.fit(config, devices, search_batch=args.search_batch).report()
+        report = compiled.fit(config, devices, search_batch=args.search_batch, images_per_row=args.images_per_row).report()
         report["compile_s"] = round(time.perf_counter() - started, 1)
         print(json.dumps(report), flush=True)
         reports.append(report)

@@ -103,7 +103,7 @@ def _train(config: TrainConfig, preemption: PreemptionNotice, events: EventLog) 
                 run_step, config, model_config, train_args=lambda candidate: (state, frozen, step.abstract_batch(candidate, config)))
         except hbm.MemoryRefusal as refused:
             print(f"trainer: {refused}; compiling smaller settings to name those that fit", file=sys.stderr, flush=True)
-            raise UserError(f"{refused}; {compiled.settings_that_fit(config, model_config, list(device_mesh.devices.flat), refused)}") from None
+            raise UserError(f"{refused}; {compiled.settings_that_fit(config, model_config, list(device_mesh.devices.flat), refused, images_per_row=inputs.data.images_per_row)}") from None
     model, functions = run_step.model, dataclasses.replace(run_step.functions, train=compiled_train)
     positions_per_step = config.batch_size * config.seq_len
     footprint = hbm.before_first_step(compiled_train, state, frozen)  # None where the device does not say

@@ -26,6 +26,7 @@ and shardings only. Two figures need care:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -148,6 +149,23 @@ def kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tu
     kernel_flops = 14 * heads * head_dim * sum(contexts) * tokens_per_chip
     itemsize = jnp.dtype(run_step.compute_dtype).itemsize
     kernel_bytes = 3 * len(contexts) * tokens_per_chip * head_dim * (2 * heads + 2 * kv_heads) * itemsize
+    encoder_flops, encoder_bytes = _encoder_kernel_cost(run_step, config, model_config)
+    return kernel_flops + encoder_flops, kernel_bytes + encoder_bytes
+
+
+def _encoder_kernel_cost(run_step: step.RunStep, config: TrainConfig, model_config) -> tuple[float, float]:
+    """(FLOPs, bytes) per chip of a vision-language step's image encoder attention where it runs in the splash
+    kernel (trainer.gemma3.vision): every patch sees every patch, 4 FLOPs a pair and width forward; a frozen
+    encoder runs forward only, a trained one also the kernel's backward (the 14 of kernel_cost's 4 + 10)."""
+    vision = model_config.vision
+    if vision is None or not run_step.images_per_row or run_step.layers.attention != "splash" \
+            or vision.patches_per_side**2 % layers.KERNELS["splash"].block:
+        return 0.0, 0.0
+    images_per_chip = config.batch_size * run_step.images_per_row / run_step.device_mesh.size
+    patches, passes = vision.patches_per_side**2, (14 if config.vision_encoder == "trained" else 4)
+    kernel_flops = passes * patches * patches * vision.width * vision.depth * images_per_chip
+    itemsize = jnp.dtype(run_step.compute_dtype).itemsize
+    kernel_bytes = (3 if config.vision_encoder == "trained" else 1) * 4 * patches * vision.width * vision.depth * images_per_chip * itemsize
     return kernel_flops, kernel_bytes
 
 
@@ -170,12 +188,13 @@ def lower_train_step(config: TrainConfig, model_config, devices, *, num_slices: 
     return run_step, run_step.functions.train.lower(*step.abstract_train_args(run_step, config, model_config))
 
 
-def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1) -> CompiledStep:
+def compile_train_step(config: TrainConfig, model_config, devices, *, num_slices: int = 1, images_per_row: int = 0) -> CompiledStep:
     """The step compiled for `devices` as trainer.loop compiles it (--remat and --vocab-chunk auto: as
-    compile_fastest settles them); raises hbm.MemoryRefusal
-    when the compiler refuses it."""
+    compile_fastest settles them); raises hbm.MemoryRefusal when the compiler refuses it. A
+    vision-language `model_config`'s rows hold `images_per_row` images."""
     device_mesh, compute_dtype = _mesh_and_dtype(config, devices, num_slices)
-    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=schedule_steps(config), compute_dtype=compute_dtype)
+    run_step = step.build_run_step(config, model_config, device_mesh, total_steps=schedule_steps(config), compute_dtype=compute_dtype,
+                                   images_per_row=images_per_row)
     run_step, lowered, compiled = compile_fastest(
         run_step, config, model_config, train_args=lambda candidate: step.abstract_train_args(candidate, config, model_config))
     return compiled_step(run_step, lowered, compiled, config, model_config)
@@ -305,6 +324,7 @@ class Fit:
     accumulation: tuple[int, CompiledStep] | None = None
     # A float32 full fine-tune that fits: the same run with --precision lean-factored, compiled where it fits too.
     leaner: CompiledStep | None = None
+    images_per_row: int = 0  # a vision-language run's images a row (0: a text run)
 
     def report(self) -> dict:
         result = self._figures()
@@ -319,6 +339,8 @@ class Fit:
         tokens = config.batch_size * config.seq_len
         params = flops.param_count(model_config)
         trained = flops.trained_param_count(model_config, config.lora_rank)
+        images = dict(images_per_row=self.images_per_row, train_encoder=config.vision_encoder == "trained")
+        flops_per_token = flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank, **images)
         result = {
             "model": config.model, "lora_rank": config.lora_rank, "batch_size": config.batch_size, "seq_len": config.seq_len,
             "mesh": dict(config.mesh), "params": params, "trained_params": trained, "tokens_per_step": tokens,
@@ -327,6 +349,10 @@ class Fit:
             "precision": config.precision, "grad_accum_steps": config.grad_accum_steps,
             "micro_batch_size": step.micro_batch_size(config),
         }
+        if model_config.vision is not None:  # what the images take of a row and of the step's arithmetic
+            result |= {"images_per_row": self.images_per_row,
+                       "image_tokens_share": self.images_per_row * model_config.vision.soft_tokens / config.seq_len,
+                       "image_flops_share": flops.image_flops_per_token(model_config, config.seq_len, **images) / flops_per_token}
         if self.accumulation is not None:
             steps, accumulated = self.accumulation
             result |= {"grad_accum_steps_that_fit": steps, "grad_accum_compiled_bytes_per_chip": accumulated.bytes_per_chip}
@@ -343,7 +369,7 @@ class Fit:
                 (refused.available - refused.required) / _GIB, 2), "refused_for": refused.what}
         compiled = self.compiled
         chip = hardware.CHIPS[compiled.device_kind]
-        model_flops = flops.training_flops_per_token(model_config, config.seq_len, lora_rank=config.lora_rank) * tokens
+        model_flops = flops_per_token * tokens
         bound_s, bound_by = compiled.bound()
         return {
             **result,
@@ -385,10 +411,11 @@ class LargestBatch:
     remat: str  # the rematerialisation policy of every compile of the search, hence of the answer
 
 
-def _try_compile(config: TrainConfig, model_config, devices, num_slices: int, *, why: str) -> CompiledStep | hbm.MemoryRefusal:
+def _try_compile(config: TrainConfig, model_config, devices, num_slices: int, *, why: str,
+                 images_per_row: int = 0) -> CompiledStep | hbm.MemoryRefusal:
     with compile_answers.doing(f"{why}, batch {config.batch_size}"):
         try:
-            return compile_train_step(config, model_config, devices, num_slices=num_slices)
+            return compile_train_step(config, model_config, devices, num_slices=num_slices, images_per_row=images_per_row)
         except hbm.MemoryRefusal as refused:
             return refused
 
@@ -411,7 +438,7 @@ def search_config(config: TrainConfig, first: CompiledStep | hbm.MemoryRefusal) 
 
 
 def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
-                  first: CompiledStep | hbm.MemoryRefusal) -> LargestBatch:
+                  first: CompiledStep | hbm.MemoryRefusal, images_per_row: int = 0) -> LargestBatch:
     """The largest global batch (a multiple of the chips) whose step fits with one policy (search_config),
     from the compiler: memory per chip is affine in the batch, so two compiles give the line, and a third
     checks its answer (stepping down while the compiler refuses it). Only a compiled answer counts: the
@@ -423,7 +450,7 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
     if isinstance(first, hbm.MemoryRefusal) and config.batch_size > unit:
         other_batch = max(unit, config.batch_size // 4 // unit * unit)
     other = _try_compile(dataclasses.replace(search, batch_size=other_batch), model_config, devices, num_slices,
-                         why=f"largest batch (remat {search.remat}): search step 1 of at most {_SEARCH_STEPS}")
+                         why=f"largest batch (remat {search.remat}): search step 1 of at most {_SEARCH_STEPS}", images_per_row=images_per_row)
     results = {config.batch_size: first, other_batch: other}
     (b1, m1), (b2, m2) = sorted((batch, _needed(result)) for batch, result in results.items())
     per_row = max((m2 - m1) / (b2 - b1), 1.0)
@@ -434,7 +461,8 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
             break
         if guess not in results:
             results[guess] = _try_compile(dataclasses.replace(search, batch_size=guess), model_config, devices, num_slices,
-                                          why=f"largest batch (remat {search.remat}): search step {search_step} of at most {_SEARCH_STEPS}")
+                                          why=f"largest batch (remat {search.remat}): search step {search_step} of at most {_SEARCH_STEPS}",
+                                          images_per_row=images_per_row)
         if _fits(results[guess], usable):
             break
         guess -= unit * max(1, math.ceil((_needed(results[guess]) - usable) / per_row / unit))
@@ -442,7 +470,8 @@ def largest_batch(config: TrainConfig, model_config, devices, *, num_slices: int
 
 
 def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | None = None, search_batch: bool = True,
-        compare_splits: bool = False, compare_precision: bool = True, refused: hbm.MemoryRefusal | None = None) -> Fit:
+        compare_splits: bool = False, compare_precision: bool = True, refused: hbm.MemoryRefusal | None = None,
+        images_per_row: int = 0) -> Fit:
     """Compile `config`'s step for `devices`; `vocab_size` sizes only the tiny model (its tokenizer's).
     `compare_splits` compiles it again for every other FSDP group that divides a slice (split_figures). A
     full fine-tune in float32 that does not fit is compiled again with --precision lean, and where that does
@@ -450,35 +479,40 @@ def fit(config: TrainConfig, devices, *, num_slices: int = 1, vocab_size: int | 
     (`lean_fits`). With `compare_precision`, one that fits is compiled again with lean-factored, and the report has its bound's speed-up
     (`faster_speedup`: the run's bound over lean-factored's) where that fits too; precision stays the user's
     choice (lean's quality, docs/fit.md). `refused`: the compiler's refusal of the run's own step, already
-    known (the trainer's), which is then not compiled again."""
-    model_config = models.model_config(config.model, vocab_size=vocab_size or 0)
+    known (the trainer's), which is then not compiled again. `images_per_row`: a vision-language run's rows
+    hold that many images each (the model's image encoder compiled in; 0: the text model)."""
+    model_config = models.model_config(config.model, vocab_size=vocab_size or 0, images=images_per_row > 0)
     usable = hbm.usable_hbm_bytes(devices)
-    first = refused or _try_compile(config, model_config, devices, num_slices, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
-    batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first) if search_batch else None
+    compile_ = functools.partial(_try_compile, model_config=model_config, devices=devices, num_slices=num_slices,
+                                 images_per_row=images_per_row)
+    first = refused or compile_(config, why=f"the run's step, mesh {_mesh_name(config.mesh)}")
+    batch = largest_batch(config, model_config, devices, num_slices=num_slices, usable=usable, first=first,
+                          images_per_row=images_per_row) if search_batch else None
     lean = None
     if not _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
         for precision in LEAN_PRECISIONS:
             if _needed(first) - _lean_savings(model_config, precision) > usable:
                 continue  # the bytes it saves, even unsharded, are fewer than the step is over: not worth a compile
-            lean = precision, _try_compile(dataclasses.replace(config, precision=precision), model_config, devices, num_slices,
-                                           why=f"the run's step with --precision {precision} (a larger state does not fit)")
+            lean = precision, compile_(dataclasses.replace(config, precision=precision),
+                                       why=f"the run's step with --precision {precision} (a larger state does not fit)")
             if _fits(lean[1], usable):
                 break
     leaner = None
     if compare_precision and _fits(first, usable) and config.precision == "float32" and not config.lora_rank:
-        faster = _try_compile(dataclasses.replace(config, precision=LEAN_PRECISIONS[-1]), model_config, devices, num_slices,
-                              why=f"the run's step with --precision {LEAN_PRECISIONS[-1]} (is it faster?)")
+        faster = compile_(dataclasses.replace(config, precision=LEAN_PRECISIONS[-1]),
+                          why=f"the run's step with --precision {LEAN_PRECISIONS[-1]} (is it faster?)")
         leaner = faster if _fits(faster, usable) else None
     accumulation = None
     if not _fits(first, usable) and batch is not None and batch.batch:
-        accumulation = accumulation_that_fits(config, model_config, devices, num_slices=num_slices, usable=usable, largest=batch)
+        accumulation = accumulation_that_fits(config, model_config, devices, num_slices=num_slices, usable=usable, largest=batch,
+                                              images_per_row=images_per_row)
     own = Fit(config=config, model_config=model_config, compiled=first if isinstance(first, CompiledStep) else None,
               refused=first if isinstance(first, hbm.MemoryRefusal) else None, usable_hbm=usable, largest_batch=batch, lean=lean,
-              accumulation=accumulation, leaner=leaner)
+              accumulation=accumulation, leaner=leaner, images_per_row=images_per_row)
     if not compare_splits:
         return own
     others = [fit(dataclasses.replace(config, mesh=sizes), devices, num_slices=num_slices, vocab_size=vocab_size, search_batch=False,
-                  compare_precision=False)
+                  compare_precision=False, images_per_row=images_per_row)
               for sizes in split_meshes(len(devices) // num_slices) if sizes != config.mesh]
     return dataclasses.replace(own, splits=(own, *others))
 
@@ -504,16 +538,17 @@ def fitting_settings(report: dict, names: dict[str, str]) -> list[str]:
     return found
 
 
-def settings_that_fit(config: TrainConfig, model_config, devices, refused: hbm.MemoryRefusal) -> str:
+def settings_that_fit(config: TrainConfig, model_config, devices, refused: hbm.MemoryRefusal, *, images_per_row: int = 0) -> str:
     """For a run whose step the compiler refused on `devices`: the trainer flags fit's search finds that fit,
     with their figures (a few compiles), as the end of its one line."""
-    report = fit(config, devices, vocab_size=model_config.num_embed, compare_precision=False, refused=refused).report()
+    report = fit(config, devices, vocab_size=model_config.num_embed, compare_precision=False, refused=refused,
+                 images_per_row=images_per_row).report()
     found = fitting_settings(report, TRAINER_FLAGS)
     return ("the compiler fits " + ", or ".join(found)) if found else "the compiler fits no smaller batch, lean precision or accumulation of this run here"
 
 
 def accumulation_that_fits(config: TrainConfig, model_config, devices, *, num_slices: int, usable: int,
-                           largest: LargestBatch) -> tuple[int, CompiledStep] | None:
+                           largest: LargestBatch, images_per_row: int = 0) -> tuple[int, CompiledStep] | None:
     """For a run whose batch does not fit: the least --grad-accum-steps above its own whose micro-batches are no
     larger than the largest that fits (`largest`, searched) and divide over the chips, with its step compiled;
     None when there is none, or it does not fit (the gradient sums it adds can tip it over)."""
@@ -524,7 +559,7 @@ def accumulation_that_fits(config: TrainConfig, model_config, devices, *, num_sl
     if steps is None:
         return None
     result = _try_compile(dataclasses.replace(config, grad_accum_steps=steps), model_config, devices, num_slices,
-                          why=f"the run's batch as {steps} micro-batches (it does not fit at once)")
+                          why=f"the run's batch as {steps} micro-batches (it does not fit at once)", images_per_row=images_per_row)
     return (steps, result) if _fits(result, usable) else None
 
 

@@ -381,3 +381,17 @@ def test_the_batch_search_is_the_micro_batchs_and_names_the_accumulation_that_fi
     assert not report["fits"] and report["largest_batch"] == largest
     assert (report["grad_accum_steps"], report["micro_batch_size"]) == (accumulation, 128 // accumulation)
     assert report["grad_accum_steps_that_fit"] == fitting and lines.compiles == [(128, accumulation), *searched, (128, fitting)]
+
+
+def test_fit_compiles_a_vision_language_run_with_its_images_and_says_their_share(tiny_step, model_config, v6e_2x2):
+    """`fit` of a run whose rows hold images compiles the image encoder in (the batch carries the pixels) and
+    reports what the images take of a row and of the step's arithmetic, counted in its model FLOPs."""
+    vision = compiled.fit(TINY, v6e_2x2, vocab_size=VOCAB, search_batch=False, compare_precision=False, images_per_row=2).report()
+    encoder = models.model_config("tiny", vocab_size=VOCAB, images=True).vision
+    assert vision["images_per_row"] == 2 and vision["image_tokens_share"] == 2 * encoder.soft_tokens / TINY.seq_len
+    text_flops = flops.training_flops_per_token(model_config, TINY.seq_len) * TINY.batch_size * TINY.seq_len / 4
+    image_flops = 2 * flops.image_flops(encoder, model_config.embed_dim, train_encoder=False) * TINY.batch_size / 4
+    assert vision["model_flops_per_chip_per_step"] == pytest.approx(text_flops + image_flops)
+    assert vision["image_flops_share"] == pytest.approx(image_flops / (text_flops + image_flops))
+    assert vision["compiled_parts"]["arguments"] > tiny_step.arguments  # the pixels
+    assert vision["flops_reported_by_compiler"] > tiny_step.flops_reported  # the encoder runs

@@ -7,6 +7,7 @@ compute dtype for the forward pass: AdamW's small updates would vanish when adde
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -121,33 +122,58 @@ def _dummy_inputs(vision: VisionConfig | None) -> tuple[jax.Array, ...]:
 INIT_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 0}}
 
 
-def _initialised(init: Callable, seed: int, out_shardings: Callable | None) -> Params:
+def _initialised(init: Callable, seed: int, out_shardings: Callable | None, shapes: Params) -> Params:
     key = jax.random.key(seed)
-    shardings = out_shardings(jax.eval_shape(init, key)) if out_shardings else None
+    shardings = out_shardings(shapes) if out_shardings else None
     traced = isinstance(key, jax.core.Tracer)  # inside jax.eval_shape (shapes only): nothing is compiled
     options = None if traced else INIT_COMPILER_OPTIONS.get(jax.default_backend())
     return jax.jit(init, out_shardings=shardings, compiler_options=options)(key)
 
 
+def _base_init(config, lora_rank: int) -> Callable:
+    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
+    return lambda key: model.init(key, *_dummy_inputs(config.vision))["params"]
+
+
+def _adapters_init(config, lora_rank: int) -> Callable:
+    model = build_model(dataclasses.replace(config, vision=None), dtype=jnp.float32, lora_rank=lora_rank)
+    return lambda key: adapters_only(model.init(key, *_dummy_inputs(None))["params"])  # the base weights are dead code here
+
+
+@functools.lru_cache(maxsize=16)
+def _traced_shapes(make_init: Callable, config, lora_rank: int) -> Params:
+    init = make_init(config, lora_rank)
+    return jax.eval_shape(lambda: init(jax.random.key(0)))  # the key traced too: nothing runs
+
+
+def param_shapes(config, *, lora_rank: int = 0) -> Params:
+    """What init_params gives (any seed), as shapes and dtypes, traced once a process for a model: a start needs
+    them several times (the state's shardings, a checkpoint's restore target, the initial weights' shardings, a
+    checkpoint's check), and tracing gemma3-270m's or 1b's initialisation takes about half a second each time.
+    A new tree each call (the cached one is never handed out)."""
+    return jax.tree.map(lambda leaf: leaf, _traced_shapes(_base_init, config, lora_rank))
+
+
+def adapter_shapes(config, *, lora_rank: int) -> Params:
+    """What init_adapters gives, as shapes and dtypes, traced once a process (param_shapes)."""
+    return jax.tree.map(lambda leaf: leaf, _traced_shapes(_adapters_init, config, lora_rank))
+
+
+def with_shardings(shapes: Params, shard: Callable) -> Params:
+    """`shapes` with the shardings `shard(shapes)` gives them: what jax.eval_shape of a jit with those out_shardings says."""
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                        shapes, shard(shapes))
+
+
 def init_params(config, *, seed: int, lora_rank: int = 0, out_shardings: Callable | None = None) -> Params:
     """Random float32 parameters (base + adapters when lora_rank; the image encoder and projector with
     `config.vision`), created already sharded."""
-    model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
-
-    def init(key):
-        return model.init(key, *_dummy_inputs(config.vision))["params"]
-
-    return _initialised(init, seed, out_shardings)
+    return _initialised(_base_init(config, lora_rank), seed, out_shardings, param_shapes(config, lora_rank=lora_rank))
 
 
 def init_adapters(config, *, seed: int, lora_rank: int, out_shardings: Callable | None = None) -> Params:
     """Only the LoRA adapter weights (B = 0, so the model starts as the base model)."""
-    model = build_model(dataclasses.replace(config, vision=None), dtype=jnp.float32, lora_rank=lora_rank)
-
-    def init(key):
-        return adapters_only(model.init(key, *_dummy_inputs(None))["params"])  # the base weights are dead code here
-
-    return _initialised(init, seed, out_shardings)
+    return _initialised(_adapters_init(config, lora_rank), seed, out_shardings, adapter_shapes(config, lora_rank=lora_rank))
 
 
 def adapters_only(params: Params) -> Params:
@@ -236,12 +262,12 @@ def initial_params(config: TrainConfig, model_config, shard, *, resuming: bool):
     train_encoder = config.vision_encoder == "trained"
     if not config.lora_rank:
         if resuming and (model_config.vision is None or train_encoder):
-            return jax.eval_shape(lambda: init_params(model_config, seed=config.seed, out_shardings=shard)), None
+            return with_shardings(param_shapes(model_config), shard), None
         return trained_and_frozen(base_weights(config, model_config, shard), train_encoder=train_encoder)
     base = base_weights(config, model_config, shard)
     fresh = lambda: init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank, out_shardings=shard)  # noqa: E731
     if config.lora_weights and not resuming:  # a resumed run's adapters are its checkpoint's
-        expected = jax.eval_shape(fresh)
+        expected = with_shardings(adapter_shapes(model_config, lora_rank=config.lora_rank), shard)
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
             adapter = hf_load.AdapterDirectory(config.lora_weights)
             adapters = adapter.load(model_config, expected, shard(expected))
@@ -271,7 +297,7 @@ def base_weights(config: TrainConfig, model_config, shard):
     if config.weights == "random":
         return init_params(model_config, seed=config.seed, out_shardings=shard)
     path = _weights_path(config)
-    expected = jax.eval_shape(lambda: init_params(model_config, seed=config.seed))
+    expected = param_shapes(model_config)
     with reading("--weights", path, instead=_LOCAL_COPY):
         if config.weights != "official" and hf_load.is_model_directory(path):
             return hf_load.ModelDirectory(path).load(model_config, expected, shard(expected), vision=model_config.vision)
@@ -286,14 +312,14 @@ def check_weights(config, model_config, *, tokenizer: str | None = None, vocab_s
         path = _weights_path(config)
         with reading("--weights", path, instead=_LOCAL_COPY):
             if config.weights != "official" and hf_load.is_model_directory(path):
-                expected = jax.eval_shape(lambda: init_params(model_config, seed=0))
+                expected = param_shapes(model_config)
                 hf_load.ModelDirectory(path).check(config.model, model_config, expected, tokenizer=tokenizer,
                                                    vocab_size=vocab_size, vision=model_config.vision)
             else:
                 check_reachable("--weights", path, instead=_LOCAL_COPY)
     if config.lora_weights:
-        expected = jax.eval_shape(lambda: init_adapters(model_config, seed=0, lora_rank=config.lora_rank))
+        expected = adapter_shapes(model_config, lora_rank=config.lora_rank)
         with reading("--lora-weights", config.lora_weights, instead=_LOCAL_COPY):
             hf_load.AdapterDirectory(config.lora_weights).check(
                 model_config, expected, lora_rank=config.lora_rank,
-                model_expected=jax.eval_shape(lambda: init_params(model_config, seed=0)))
+                model_expected=param_shapes(model_config))

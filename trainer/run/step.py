@@ -361,13 +361,14 @@ def _fitting_head(run_step: RunStep, config, remat: str, chunks, train_args: Cal
 
 
 def abstract_params(config, model_config):
-    """(trained, frozen) as shapes: what models.initial_params gives, without reading any weights."""
+    """(trained, frozen) as shapes: what models.initial_params gives, without reading any weights (the model's
+    shapes traced once a process: models.param_shapes)."""
     train_encoder = config.vision_encoder == "trained"
-    base = lambda: models.init_params(model_config, seed=config.seed)  # noqa: E731
+    base = models.param_shapes(model_config)
     if not config.lora_rank:
-        return jax.eval_shape(lambda: models.trained_and_frozen(base(), train_encoder=train_encoder))
-    adapters = lambda: models.init_adapters(model_config, seed=config.seed + 1, lora_rank=config.lora_rank)  # noqa: E731
-    return jax.eval_shape(lambda: models.trained_and_frozen(base(), adapters(), train_encoder=train_encoder))
+        return models.trained_and_frozen(base, train_encoder=train_encoder)
+    adapters = models.adapter_shapes(model_config, lora_rank=config.lora_rank)
+    return models.trained_and_frozen(base, adapters, train_encoder=train_encoder)
 
 
 BATCH_KEYS = {"input_tokens": jnp.int32, "target_tokens": jnp.int32, "segment_ids": jnp.int32, "positions": jnp.int32,

@@ -116,3 +116,28 @@ def test_a_single_device_mesh_gives_global_batches_of_the_local_rows():
     local = {"input_tokens": np.ones((4, 8), np.int32)}
     batch = mesh.global_batch(local, device_mesh)
     assert batch["input_tokens"].shape == (4, 8) and batch["input_tokens"].sharding.spec == PartitionSpec(("data", "fsdp"))
+
+
+def test_a_start_traces_its_models_initialisation_once_for_every_shape_it_needs(monkeypatch):
+    """The state's shardings, the checkpoint's restore target and a resumed run's weights each need the model's
+    parameter shapes: one trace of its initialisation serves them all (gemma3-270m's or 1b's took about half a
+    second each, three times a start; issue 50), and they are the shapes the initialisation gives."""
+    from trainer.config import parse_config
+    from trainer.gemma3.model import Transformer
+
+    model_config = models.model_config("tiny", vocab_size=64)
+    config = parse_config(["--model", "tiny", "--weights", "random", "--data", "x", "--tokenizer", "t.model"])
+    described = lambda tree, *fields: {jax.tree_util.keystr(path): tuple(getattr(leaf, field) for field in fields)  # noqa: E731
+                                       for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    want = described(jax.eval_shape(lambda: models.init_params(model_config, seed=0)), "shape", "dtype")
+    models._traced_shapes.cache_clear()  # as a new process starts
+    traces = []
+    init = Transformer.init
+    monkeypatch.setattr(Transformer, "init", lambda self, *args, **kwargs: traces.append(self) or init(self, *args, **kwargs))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    step.abstract_params(config, model_config)[0].clear()  # a caller's changes to its tree stay its own
+    trained, frozen = step.abstract_params(config, model_config)
+    resumed, _ = models.initial_params(config, model_config, lambda tree: jax.tree.map(lambda _: device, tree), resuming=True)
+    assert len(traces) == 1
+    assert described(trained, "shape", "dtype") == want and frozen is None
+    assert described(resumed, "shape", "dtype", "sharding") == {key: (*value, device) for key, value in want.items()}

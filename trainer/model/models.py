@@ -132,12 +132,20 @@ def _initialised(init: Callable, seed: int, out_shardings: Callable | None, shap
 
 def _base_init(config, lora_rank: int) -> Callable:
     model = build_model(config, dtype=jnp.float32, lora_rank=lora_rank)
-    return lambda key: model.init(key, *_dummy_inputs(config.vision))["params"]
+
+    def init(key):  # named: the compilation cache's line names the programs it compiled
+        return model.init(key, *_dummy_inputs(config.vision))["params"]
+
+    return init
 
 
 def _adapters_init(config, lora_rank: int) -> Callable:
     model = build_model(dataclasses.replace(config, vision=None), dtype=jnp.float32, lora_rank=lora_rank)
-    return lambda key: adapters_only(model.init(key, *_dummy_inputs(None))["params"])  # the base weights are dead code here
+
+    def init(key):
+        return adapters_only(model.init(key, *_dummy_inputs(None))["params"])  # the base weights are dead code here
+
+    return init
 
 
 @functools.lru_cache(maxsize=16)

@@ -405,5 +405,5 @@ def step_fingerprint(lowered) -> str:
     `python -m workloads fit` reports it, so equal digests mean the same program was compiled."""
     # A Pallas kernel's backend config holds its serialized body, which carries the source paths of the
     # checkout that traced it; the kernel's code is the pinned jax's, so the config is left out.
-    text = re.sub(r'backend_config = "[^"]*"', "", lowered.as_text())
+    text = re.sub(r'backend_config = "[^"]*"', "", compile_answers.program_text(lowered))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -51,3 +51,18 @@ def test_outside_a_session_compile_is_the_compilers_executable():
     lowered = jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((4,), jax.numpy.float32))
     executable = compile_answers.compile(lowered, what="x + 1", devices=jax.devices())
     assert executable(jax.numpy.zeros(4)).tolist() == [1.0] * 4
+
+
+def test_a_programs_text_is_printed_once_for_its_cache_key_and_its_fingerprint(monkeypatch):
+    """A start keys its train step (kept refusals and estimates) and fingerprints it for config.json: the program's
+    text, about 0.3 s to print for gemma3-270m's step, is printed once for both (issue 50), and is each program's own."""
+    from trainer.run import step
+
+    lowered, other = (jax.jit(lambda x, factor=factor: x * factor).lower(jax.numpy.ones(4)) for factor in (2.0, 3.0))
+    printed = []
+    as_text = type(lowered).as_text
+    monkeypatch.setattr(type(lowered), "as_text", lambda self, *args, **kwargs: printed.append(self) or as_text(self, *args, **kwargs))
+    key, fingerprint = compile_answers.cache_key(lowered, jax.devices(), {}), step.step_fingerprint(lowered)
+    assert printed == [lowered]
+    assert compile_answers.cache_key(lowered, jax.devices(), {}) == key and step.step_fingerprint(lowered) == fingerprint
+    assert compile_answers.cache_key(other, jax.devices(), {}) != key and step.step_fingerprint(other) != fingerprint

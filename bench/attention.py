@@ -53,7 +53,7 @@ def packed_rows(batch: int, seq_len: int, seed: int = 0) -> tuple[jax.Array, jax
 def attention_functions(kernel: str, *, interpret: bool, segments, positions, window: int | None, variants: dict) -> dict:
     """{"dense": f, name: f for each of the kernel's variants ({name: extra keyword arguments of its attend})},
     each (query, key, value) -> attended queries."""
-    attend = layers.laid_out(layers.KERNELS[kernel], heads_first=True)  # as the model's projections lay them out
+    attend = layers.KERNELS[kernel].attend
 
     def variant(extra):
         return lambda q, k, v: attend(q, k, v, segments, window=window, interpret=interpret, **extra)
@@ -96,8 +96,8 @@ def run(model_config, *, kernel: str, interpret: bool, seq_len: int, batch_size:
     c = model_config
     segments, positions = packed_rows(batch_size, seq_len)
     keys = jax.random.split(jax.random.key(0), 4)
-    query = jax.random.normal(keys[0], (batch_size, c.num_heads, seq_len, c.head_dim), jnp.bfloat16) * c.query_pre_attn_scalar**-0.5
-    key, value = (jax.random.normal(k, (batch_size, c.num_kv_heads, seq_len, c.head_dim), jnp.bfloat16) for k in keys[1:3])
+    query = jax.random.normal(keys[0], (batch_size, seq_len, c.num_heads, c.head_dim), jnp.bfloat16) * c.query_pre_attn_scalar**-0.5
+    key, value = (jax.random.normal(k, (batch_size, seq_len, c.num_kv_heads, c.head_dim), jnp.bfloat16) for k in keys[1:3])
     cotangent = jax.random.normal(keys[3], query.shape, jnp.float32)
     variants = kernel_variants(kernel, blocks, fused, seq_len)
     rows = []

@@ -142,19 +142,19 @@ def packed_mask(segment_ids, image_ids=None):
 
 
 def dense_attention(query, key, value, positions, segment_ids, *, window: int | None, image_ids=None):
-    """query [B, N, L, H] (already scaled), key/value [B, K, L, H] -> [B, N, L, H] (heads first, as the splash
-    kernel), through the [B, L, L] mask of packed rows (same segment, causal or within one image, and within
-    `window` positions for a local layer)."""
-    batch, heads, length, head_dim = query.shape
-    kv_heads = key.shape[1]
+    """query [B, L, N, H] (already scaled), key/value [B, L, K, H] -> [B, L, N, H], through the [B, L, L]
+    mask of packed rows (same segment, causal or within one image, and within `window` positions for a
+    local layer)."""
+    batch, length, heads, head_dim = query.shape
+    kv_heads = key.shape[2]
     mask = packed_mask(segment_ids, image_ids)
     if window is not None:
         mask &= positions[:, None, :] > positions[:, :, None] - window
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, length, head_dim)
-    logits = jnp.einsum("BKGTH,BKSH->BKGTS", grouped, key)
-    logits = jnp.where(mask[:, None, None], logits, MASKED)
+    grouped = query.reshape(batch, length, kv_heads, heads // kv_heads, head_dim)
+    logits = jnp.einsum("BTKGH,BSKH->BTKGS", grouped, key)
+    logits = jnp.where(mask[:, :, None, None, :], logits, MASKED)
     probs = jax.nn.softmax(logits, axis=-1).astype(key.dtype)
-    return jnp.einsum("BKGTS,BKSH->BKGTH", probs, value).reshape(batch, heads, length, head_dim)
+    return jnp.einsum("BTKGS,BSKH->BTKGH", probs, value).reshape(batch, length, heads, head_dim)
 
 
 class Embedder(nn.Module):
@@ -185,10 +185,13 @@ class _Module(nn.Module):
 
 
 class SelfAttention(_Module):
-    """Queries, keys and values projected heads first ([B, N, T, H]), the splash kernel's layout, and its output
-    contracted by the output projection as it is: projected tokens first ([B, T, N, H]), gemma3-270m's query
-    projection, compiled for v5e at 16 x 1024, wrote [B, N, H, T] and copied it to the kernel's layout, 33.6 MB a
-    layer (BENCHMARKS.md, issue 52). The weights keep gemma's shapes."""
+    """Queries, keys and values projected heads first ([B, N, T, H], the splash kernel's layout), normed and
+    rotated so, then handed to the attention tokens first, as it takes them: in the compiled step that swap and
+    splash's own back to heads first cancel, while the projection's equation decides the layout XLA gives its
+    output. Projected tokens first, gemma3-270m's queries (16 x 1024, compiled for v5e) were written [B, N, H, T]
+    and copied to the kernel's layout, 33.6 MB a layer; called heads first, the splash kernel's saved output got a
+    pass of its own under --remat dots (gemma3-1b, +0.7 GB a step): BENCHMARKS.md, issue 52. The weights keep
+    gemma's shapes."""
 
     kind: Attention = Attention.GLOBAL
     options: layers.LayerOptions = layers.LayerOptions()
@@ -203,13 +206,14 @@ class SelfAttention(_Module):
         base_frequency, scale_factor = c.rope(self.kind)
         query = rope(query, positions, base_frequency=base_frequency, scale_factor=scale_factor) * c.query_pre_attn_scalar**-0.5
         key = rope(key, positions, base_frequency=base_frequency, scale_factor=scale_factor)
+        query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))  # tokens first
         window = c.sliding_window_size if self.kind is Attention.LOCAL else None
         if self.options.attention in layers.KERNELS and image_ids is None:
-            encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window, heads_first=True)
+            encoded = layers.kernel_attention(self.options, query, key, value, segment_ids, window=window)
         else:
             encoded = dense_attention(query, key, value, positions, segment_ids, window=window, image_ids=image_ids)
         return Einsum((c.num_heads, c.head_dim, c.embed_dim), dtype, rank, self.options, name="attn_vec_einsum")(
-            "BNTH,NHD->BTD", encoded)
+            "BTNH,NHD->BTD", encoded)
 
 
 class FeedForward(_Module):

@@ -154,15 +154,16 @@ def _kernel(num_heads: int, seq_len: int, window: int | None, interpret: bool, b
 
 def splash_attention(query, key, value, segment_ids, *, window: int | None, interpret: bool, block_sizes=None,
                      causal: bool = True):
-    """query [B, N, L, H] (already scaled), key/value [B, K, L, H], segment_ids [B, L] -> [B, N, L, H]: the kernel's
-    own layout, heads first; block_sizes: splash_block_sizes(L) unless given (bench.attention compares others)."""
-    seq_len = query.shape[2]
-    kernel = _kernel(query.shape[1], seq_len, window, interpret, block_sizes or splash_block_sizes(seq_len), causal)
+    """query [B, L, N, H] (already scaled), key/value [B, L, K, H], segment_ids [B, L] -> [B, L, N, H];
+    block_sizes: splash_block_sizes(L) unless given (bench.attention compares others)."""
+    seq_len = query.shape[1]
+    kernel = _kernel(query.shape[2], seq_len, window, interpret, block_sizes or splash_block_sizes(seq_len), causal)
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
 
     def one_row(q, k, v, segments):
         return kernel(q, k, v, segment_ids=splash.SegmentIds(q=segments, kv=segments))
 
-    return jax.vmap(one_row)(query, key, value, segment_ids)
+    return heads_first(jax.vmap(one_row)(heads_first(query), heads_first(key), heads_first(value), segment_ids))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,32 +171,16 @@ class Kernel:
     platform: str  # the jax platform it is compiled for; elsewhere it runs in Pallas' interpreter
     block: int  # a row's length must be a multiple of it
     attend: Callable  # (query, key, value, segment_ids, *, window, interpret) -> attended queries
-    heads_first: bool  # attend's layout: query [B, N, L, H] and key/value [B, K, L, H], else [B, L, N, H] and [B, L, K, H]
 
 
-KERNELS = {"splash": Kernel("tpu", 128, splash_attention, heads_first=True),
-           "flash": Kernel("gpu", flash_attention.BLOCK, flash_attention.flash_attention, heads_first=False)}
+KERNELS = {"splash": Kernel("tpu", 128, splash_attention), "flash": Kernel("gpu", flash_attention.BLOCK, flash_attention.flash_attention)}
 
 
-def laid_out(kernel: Kernel, *, heads_first: bool) -> Callable:
-    """kernel.attend for queries, keys and values laid out heads first ([B, N, L, H]) or not ([B, L, N, H]), its
-    output laid out the same: their axes swapped around the kernel where its own layout is the other."""
-    if kernel.heads_first == heads_first:
-        return kernel.attend
-    swap = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
-    return lambda query, key, value, segment_ids, **options: swap(kernel.attend(swap(query), swap(key), swap(value), segment_ids,
-                                                                                 **options))
-
-
-def kernel_attention(options: LayerOptions, query, key, value, segment_ids, *, window: int | None, causal: bool = True,
-                     heads_first: bool = False):
+def kernel_attention(options: LayerOptions, query, key, value, segment_ids, *, window: int | None, causal: bool = True):
     """options.attention's kernel over the run's mesh: a Pallas kernel is opaque to the partitioner,
-    so each device runs it on its own rows. `causal` False (splash's alone) lets a query see every key.
-    `heads_first`: the layout of the inputs and output (laid_out). Splash reads heads first, and the text model's
-    projections write that layout: given the queries tokens first, XLA copied the query projection's output into
-    the kernel's layout (33.6 MB a layer at gemma3-270m, 16 x 1024, compiled for v5e: BENCHMARKS.md, issue 52)."""
-    attend = functools.partial(laid_out(KERNELS[options.attention], heads_first=heads_first), window=window,
-                               interpret=options.interpret, **({} if causal else {"causal": False}))
+    so each device runs it on its own rows. `causal` False (splash's alone) lets a query see every key."""
+    attend = functools.partial(KERNELS[options.attention].attend, window=window, interpret=options.interpret,
+                               **({} if causal else {"causal": False}))
     if options.mesh is not None:
         rows = PartitionSpec(options.batch_axes)
         attend = jax.shard_map(attend, mesh=options.mesh, in_specs=(rows, rows, rows, rows), out_specs=rows, check_vma=False)

@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 
 from trainer.model import models
-from trainer.nn import layers, loss
+from trainer.nn import flash_attention, layers, loss
 from trainer.errors import UserError
 from trainer.gemma3.model import dense_attention
 
 SEQ = 256  # a multiple of both kernels' blocks (128, 64); the tiny model's sliding window (64) is shorter than a row
 VOCAB = 512
-FLASH = layers.laid_out(layers.KERNELS["flash"], heads_first=True)  # the flash kernel's attend on the dense mask's layout
 
 
 def packed_batch():
@@ -71,12 +70,12 @@ def test_kernel_attention_equals_the_dense_mask_on_packed_rows(model_config, ker
 
 
 def attention_inputs(dtype, *, heads: int = 4, kv_heads: int = 2, head_dim: int = 32):
-    """Scaled queries, keys and values of packed_batch's rows, with grouped-query heads, heads first."""
+    """Scaled queries, keys and values of packed_batch's rows, with grouped-query heads."""
     batch = packed_batch()
     q, k, v = jax.random.split(jax.random.key(2), 3)
-    rows, length = batch["segment_ids"].shape
-    query = jax.random.normal(q, (rows, heads, length, head_dim)) * head_dim**-0.5
-    key, value = (jax.random.normal(part, (rows, kv_heads, length, head_dim)) for part in (k, v))
+    rows = batch["segment_ids"].shape
+    query = jax.random.normal(q, (*rows, heads, head_dim)) * head_dim**-0.5
+    key, value = (jax.random.normal(part, (*rows, kv_heads, head_dim)) for part in (k, v))
     return (query.astype(dtype), key.astype(dtype), value.astype(dtype)), batch
 
 
@@ -87,7 +86,7 @@ def test_flash_attention_equals_the_dense_mask(window, dtype):
     inputs, batch = attention_inputs(dtype)
     segments, positions = batch["segment_ids"], batch["positions"]
     cotangent = jax.random.normal(jax.random.key(3), inputs[0].shape)
-    flash = jax.jit(lambda *x: FLASH(*x, segments, window=window, interpret=True))
+    flash = jax.jit(lambda *x: flash_attention.flash_attention(*x, segments, window=window, interpret=True))
     out, pullback = jax.vjp(flash, *inputs)
     wide = [x.astype(jnp.float32) for x in inputs]
     dense_out, dense_pullback = jax.vjp(lambda *x: dense_attention(*x, positions, segments, window=window), *wide)
@@ -101,7 +100,8 @@ def test_flash_attention_equals_the_dense_mask(window, dtype):
 def test_flash_attention_refuses_a_row_its_block_does_not_divide():
     (query, key, value), batch = attention_inputs(jnp.float32)
     with pytest.raises(ValueError, match="a row of 200 tokens is not a multiple of the block \\(64\\)"):
-        FLASH(query[:, :, :200], key[:, :, :200], value[:, :, :200], batch["segment_ids"][:, :200], window=None, interpret=True)
+        flash_attention.flash_attention(query[:, :200], key[:, :200], value[:, :200], batch["segment_ids"][:, :200],
+                                        window=None, interpret=True)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
@@ -208,8 +208,8 @@ def multi_tile_inputs(seq: int):
     for doc, (start, end) in enumerate(zip(cuts, cuts[1:]), start=1):
         segments[0, start:end], positions[0, start:end] = doc, np.arange(end - start)
     q, k, v = jax.random.split(jax.random.key(4), 3)
-    query = jax.random.normal(q, (1, 2, seq, 16)) * 16**-0.5
-    key, value = (jax.random.normal(part, (1, 1, seq, 16)) for part in (k, v))
+    query = jax.random.normal(q, (1, seq, 2, 16)) * 16**-0.5
+    key, value = (jax.random.normal(part, (1, seq, 1, 16)) for part in (k, v))
     return (query, key, value), jnp.asarray(segments), jnp.asarray(positions)
 
 
@@ -232,10 +232,10 @@ def test_splash_over_several_tiles_has_the_dense_masks_gradients(seq, fused, win
     cotangent = jax.random.normal(jax.random.key(5), out.shape)
     dense_out, dense_pullback = jax.vjp(lambda *x: dense_attention(*x, positions, segments, window=window), query, key, value)
     real = np.asarray(segments[0] > 0)
-    np.testing.assert_allclose(np.asarray(out)[0][:, real], np.asarray(dense_out)[0][:, real], atol=2e-5, rtol=1e-4)
-    cotangent = cotangent * (segments > 0)[:, None, :, None]  # padding's outputs are nobody's
+    np.testing.assert_allclose(np.asarray(out)[0, real], np.asarray(dense_out)[0, real], atol=2e-5, rtol=1e-4)
+    cotangent = cotangent * (segments > 0)[..., None, None]  # padding's outputs are nobody's
     for grad, dense in zip(pullback(cotangent), dense_pullback(cotangent)):
-        np.testing.assert_allclose(np.asarray(grad)[0][:, real], np.asarray(dense)[0][:, real], atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(grad)[0, real], np.asarray(dense)[0, real], atol=2e-5, rtol=1e-4)
     gradient = jax.make_jaxpr(lambda *x: pullback(cotangent))(query)
     kernels = [str(e.params["name"]) for e in equations(gradient.jaxpr) if e.primitive.name == "pallas_call"]
     assert sorted(kind for kind in ("_dq_", "_dkv_") if any(kind in name for name in kernels)) == sorted(backward_kernels), kernels

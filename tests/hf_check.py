@@ -5,10 +5,12 @@ tests/trainer/hf/test_export.py writes a plan, runs `HF_PYTHON tests/hf_check.py
 the results with the JAX model. The plan (JSON):
   {"models": [{"model": DIR, "adapter": DIR or null, "tokens": [[id, ...], ...], "out": FILE.npy,
                "images": {"pixel_values": FILE.npy, "image_token_index": ID} or absent}, ...],
-   "tokenizers": [{"dir": DIR, "text": STR, "messages": [...] or null, "out": FILE.json}, ...]}
+   "tokenizers": [{"dir": DIR, "text": STR, "messages": [...] or null, "out": FILE.json}, ...],
+   "processors": [{"dir": DIR, "image": FILE.png, "messages": [...], "out": FILE.json}, ...]}
 Each model's float32 logits [rows, tokens, vocab] go to its .npy (positions 0.., no padding); each
 tokenizer's ids of `text` (with and without special tokens) and, given messages, its chat
-template's text go to its .json.
+template's text go to its .json; each processor's (AutoProcessor's) class, chat template's text and inputs of the
+messages with the image (input_ids, token_type_ids, pixel_values) go to its .json.
 
 For the import tests (tests/trainer/hf/test_import.py), the plan's "made" entries come first: each
 makes a random Gemma 3 with transformers' own classes, {"text_config": {...}, "multimodal": bool,
@@ -98,6 +100,17 @@ def tokenized(directory: str, text: str, messages) -> dict:
     return result
 
 
+def processed(directory: str, image: str, messages) -> dict:
+    from PIL import Image
+
+    processor = transformers.AutoProcessor.from_pretrained(directory)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    with Image.open(image) as picture:
+        inputs = processor(text=text, images=[picture.convert("RGB")], add_special_tokens=False)
+    return {"class": type(processor).__name__, "text": text,
+            **{key: np.asarray(inputs[key]).tolist() for key in ("input_ids", "token_type_ids", "pixel_values")}}
+
+
 def main(plan_path: str) -> None:
     plan = json.loads(open(plan_path, encoding="utf-8").read())
     for case in plan.get("made", []):
@@ -107,6 +120,9 @@ def main(plan_path: str) -> None:
     for case in plan.get("tokenizers", []):
         with open(case["out"], "w", encoding="utf-8") as out:
             json.dump(tokenized(case["dir"], case["text"], case.get("messages")), out)
+    for case in plan.get("processors", []):
+        with open(case["out"], "w", encoding="utf-8") as out:
+            json.dump(processed(case["dir"], case["image"], case["messages"]), out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from trainer.config import GEMMA3_MODELS, TrainConfig
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.errors import OneLineParser, UserError, entry_point, first_line
 from trainer.gemma3.config import Gemma3Config
-from trainer.hf import config as hf_config, publish, tokenizer as hf_tokenizer, weights as hf_weights
+from trainer.hf import config as hf_config, processor as hf_processor, publish, tokenizer as hf_tokenizer, weights as hf_weights
 from trainer.model import models
 from trainer.run import checkpoint, mesh
 
@@ -112,7 +112,9 @@ def write_model(directory: pathlib.Path, model_config, params, tokenizer, *, dty
     if write:
         _write_json(directory / "config.json", config)
         _write_json(directory / "generation_config.json", hf_tokenizer.generation_config_json(tokenizer))
-        hf_tokenizer.write_tokenizer_files(tokenizer, directory)
+        hf_tokenizer.write_tokenizer_files(tokenizer, directory, image_token_id=None if vision is None else vision.image_token_id)
+        if vision is not None and hf_tokenizer.has_image_markers(tokenizer):
+            hf_processor.write_processor_files(directory, vision)
 
 
 def saved_modules(model_config, *, train_encoder: bool) -> list[str]:

@@ -164,6 +164,9 @@ CASES = (
            "(passes over the data), not both"),
     BadRun(section=FLAGS, case="LoRA weights without a LoRA rank", args=("--lora-weights", "adapter"),
            error="--lora-weights adapter continues a LoRA run: pass --lora-rank, the adapter's r"),
+    BadRun(section=FLAGS, case="an image encoder's first step, the encoder frozen", args=("--vision-encoder-from-step", "50"),
+           error="--vision-encoder-from-step 50 says when a trained image encoder starts to train; this run's encoder is "
+           "frozen: add --vision-encoder trained"),
     BadRun(section=FLAGS, case="a base and adapter to publish from a full fine-tune", args=("--publish-parts", "base,adapter"),
            error="--publish-parts base,adapter: base and adapter are a LoRA run's; this run is a full fine-tune (no --lora-rank): "
            "publish hf"),

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--vision-encoder", choices=VISION_ENCODER, help="with images in the data: keep the image encoder as loaded (frozen: the "
         "language model, whole or its LoRA adapters, and the projector train) or train it too (default "
         f"{d.vision_encoder})")
+    add("--vision-encoder-from-step", type=flag_values.positive_int, metavar="STEP", help="with --vision-encoder trained: the "
+        "encoder's updates start at this step, their rate rising over --warmup-steps to the run's (before it, the language "
+        "model and projector learn to read its features as loaded; a random encoder trained from step 1 loses them to "
+        f"the early steps' noisy gradients) (default {d.vision_encoder_from_step})")
     add("--compute-dtype", choices=COMPUTE_DTYPES, help="dtype of the forward and backward passes (the master weights stay float32); "
         "auto: bfloat16 on TPU, GPU and CPUs with native bfloat16 instructions, else float32 (default auto)")
     add("--optimizer-state-dtype", choices=OPTIMIZER_STATE_DTYPES, help="dtype of AdamW's first moment: bfloat16 saves 2 bytes a "
@@ -192,6 +196,9 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     run_length = _run_length([preset_values, from_file, command_line])
     config = TrainConfig(**{**preset_values, **explicit, **run_length})
     _check_consistency(config)
+    if "vision_encoder_from_step" in explicit and config.vision_encoder != "trained":
+        raise UserError(f"--vision-encoder-from-step {config.vision_encoder_from_step} says when a trained image encoder "
+                        f"starts to train; this run's encoder is {config.vision_encoder}: add --vision-encoder trained")
     return config
 
 

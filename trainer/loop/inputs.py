@@ -20,7 +20,7 @@ from trainer.run import mesh
 # The demo's generated inputs (`--preset tiny` or `tiny-chat` without --data / --tokenizer).
 DEMO_STORIES = 4000
 DEMO_CONVERSATIONS = 4000
-DEMO_IMAGES = 2000
+DEMO_IMAGES = 8000
 DEMO_VOCAB_SIZE = 512
 
 

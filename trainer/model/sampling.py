@@ -27,7 +27,7 @@ PROMPTS = ("Once upon a time", "One day, a little girl named")
 BUFFER_TOKENS = 64
 CHAT_BUFFER_TOKENS = 128
 # A vision-language model's samples: pictures drawn from a seed no run's training pictures use.
-HELD_OUT_SEED = 2**31 - 1
+HELD_OUT_SEED = vision_corpus.HELD_OUT_SEED
 SAMPLE_PICTURES, HELD_OUT_PICTURES = 4, 50
 ANSWER_TOKENS = 16
 
@@ -112,17 +112,22 @@ def complete(model, params, tokenizer, prompt: str, *, chat_template: bool, **ge
     return tokenizer.decode(prompt_ids[1:] + generated)
 
 
-def answer_picture(model, params, tokenizer, picture, question: str, **generation) -> str:
-    """A vision-language model's answer to `question` about a Pillow `picture`, read as a data file's image is
-    (trainer.data.images). `generation`: as complete's."""
-    vision = model.config.vision
+def picture_prompt(tokenizer, vision, picture, question: str) -> tuple[list[int], np.ndarray]:
+    """(prompt ids, pixels [size, size, 3] uint8) of a user turn asking `question` about a Pillow `picture`, the
+    picture read as a data file's image is (trainer.data.images) and laid out as the data's are (trainer.data.chat)."""
     layout = images.Layout(size=vision.image_size, token_id=vision.image_token_id, soft_tokens=vision.soft_tokens)
     encoded = io.BytesIO()
     picture.save(encoded, format="PNG")
     pixels = images.pixels(images.Image(encoded.getvalue()), vision.image_size, folder=pathlib.Path("."))
     (ids, _), = chat.tokenize(tokenizer, [chat.render_prompt((formats.ImagePart(None), question))], image_layout=layout)
+    return [tokenizer.bos_id, *ids], pixels
+
+
+def answer_picture(model, params, tokenizer, picture, question: str, **generation) -> str:
+    """A vision-language model's answer to `question` about a Pillow `picture` (picture_prompt). `generation`: as complete's."""
+    ids, pixels = picture_prompt(tokenizer, model.config.vision, picture, question)
     end_of_turn = chat.turn_token_ids(tokenizer)[chat.END_OF_TURN]
-    generated = generate_ids(model, params, [tokenizer.bos_id, *ids], vocab_size=tokenizer.vocab_size,
+    generated = generate_ids(model, params, ids, vocab_size=tokenizer.vocab_size,
                              stop_ids=(end_of_turn, tokenizer.eos_id), images=pixels[None, None], **generation)
     return tokenizer.decode(generated)
 

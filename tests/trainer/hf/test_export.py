@@ -17,13 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sentencepiece as spm
+from PIL import Image
 from safetensors.numpy import load_file, save_file
 
 from trainer import contract, loop
-from trainer.model import models
+from trainer.data import images, vision_corpus
+from trainer.data.vision_corpus import write_vision_corpus
+from trainer.model import models, sampling
 
 from trainer import export
-from trainer.hf import tokenizer as hf_tokenizer
+from trainer.hf import processor as hf_processor, tokenizer as hf_tokenizer
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.config import parse_config
 
@@ -112,6 +115,24 @@ GEMMA_CHAT = ("<bos><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<st
               "<start_of_turn>user\nTell a story<end_of_turn>\n<start_of_turn>model\n")
 
 
+PICTURE_MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": vision_corpus.QUESTION}]}]
+
+
+def vision_tokenizer_files(root):
+    """A vision-language export's tokenizer and processor files (a tokenizer trained on the generated image task,
+    with the turn and image markers; the tiny model's image encoder), and a picture of another size than its images."""
+    corpus = write_vision_corpus(root / "pictures" / "chat.jsonl", num_images=8)
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_lib.train_tokenizer(corpus, corpus.parent / "tokenizer.model", vocab_size=300))
+    vision = models.vision_config("tiny", vocab_size=tokenizer.vocab_size)
+    directory = root / "vision_tokenizer"
+    directory.mkdir()
+    hf_tokenizer.write_tokenizer_files(tokenizer, directory, image_token_id=vision.image_token_id)
+    hf_processor.write_processor_files(directory, vision)
+    picture = root / "picture.png"
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (37, 90, 3), dtype=np.uint8)).save(picture)
+    return directory, picture
+
+
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
     """Every export, and what transformers computed from each (one subprocess)."""
@@ -139,6 +160,7 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
     chat_dir.mkdir()
     chat = tokenizer_lib.load_tokenizer(chat_tokenizer(root, corpus_path))
     hf_tokenizer.write_tokenizer_files(chat, chat_dir)
+    vision_dir, picture = vision_tokenizer_files(root)
 
     tokens = random_tokens(tokenizer.vocab_size, 100)  # past the tiny model's window of 64
     rich_tokens = random_tokens(tokenizer.vocab_size, 40, seed=1)
@@ -153,6 +175,7 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
                    for name, (model, adapter, t) in models_plan.items()],
         "tokenizers": [{"dir": str(root / "full"), "text": TEXT, "out": str(root / "tokenizer.json.out")},
                        {"dir": str(chat_dir), "text": TEXT, "messages": MESSAGES, "out": str(root / "chat.json.out")}],
+        "processors": [{"dir": str(vision_dir), "image": str(picture), "messages": PICTURE_MESSAGES, "out": str(root / "processor.json.out")}],
     }
     (root / "plan.json").write_text(json.dumps(plan))
     result = subprocess.run([HF_PYTHON, str(REPO / "tests" / "hf_check.py"), str(root / "plan.json")],
@@ -173,7 +196,9 @@ def checked(tmp_path_factory, prepared_dir, tokenizer_path, corpus_path):
     }
     return dict(root=root, hf=hf, expected=expected, adapters=adapters, tokenizer=tokenizer, chat=chat,
                 tokenized=json.loads((root / "tokenizer.json.out").read_text()),
-                chat_tokenized=json.loads((root / "chat.json.out").read_text()))
+                chat_tokenized=json.loads((root / "chat.json.out").read_text()),
+                processed=json.loads((root / "processor.json.out").read_text()), picture=picture,
+                vision_tokenizer=tokenizer_lib.load_tokenizer(vision_dir / "tokenizer.model"))
 
 
 def max_diff(a, b) -> float:
@@ -223,6 +248,20 @@ def test_a_chat_tokenizer_gets_gemma_s_chat_template_and_stops_at_end_of_turn(ch
     generation = hf_tokenizer.generation_config_json(chat)
     assert generation["eos_token_id"] == [chat.eos_id, chat.processor.piece_to_id(hf_tokenizer.END_OF_TURN)]
     assert hf_tokenizer.generation_config_json(checked["tokenizer"])["eos_token_id"] == [checked["tokenizer"].eos_id]
+
+
+def test_transformers_processor_prepares_a_picture_and_question_as_the_trainer_does(checked):
+    """AutoProcessor reads a vision-language export's files as Gemma3Processor: the chat template renders the image
+    part, the processor expands it into the image's tokens between the markers, and resizes and scales the picture,
+    all as the trainer's samples prepare them (the ids, which tokens are the image's, the pixel values)."""
+    processed, tokenizer = checked["processed"], checked["vision_tokenizer"]
+    vision = models.vision_config("tiny", vocab_size=tokenizer.vocab_size)
+    with Image.open(checked["picture"]) as picture:
+        ids, pixels = sampling.picture_prompt(tokenizer, vision, picture, vision_corpus.QUESTION)
+    assert processed["class"] == "Gemma3Processor"
+    assert processed["input_ids"] == [ids], processed["text"]
+    assert processed["token_type_ids"] == [[int(token == vision.image_token_id) for token in ids]]
+    np.testing.assert_allclose(np.asarray(processed["pixel_values"][0]).transpose(1, 2, 0), images.normalised(pixels), atol=1e-6)
 
 
 def test_the_adapter_config_scales_as_gm_lora_and_names_its_base(checked):

@@ -155,3 +155,32 @@ def test_lean_factored_clips_each_leafs_update_at_an_rms_of_the_learning_rate_as
     np.testing.assert_allclose(np.diag(identity), np.sqrt(2 * n), rtol=1e-2)
     lean = _first_step("lean", block_and_identity)
     np.testing.assert_allclose(lean, np.asarray(block_and_identity), rtol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["float32", "lean"])
+def test_a_trained_image_encoder_starts_at_its_step_and_warms_up_while_the_rest_trains_from_step_1(precision):
+    """--vision-encoder-from-step 3 with --warmup-steps 2: the encoder's weights stay as loaded for steps 1 and 2,
+    move by half the rate at step 3 and by the whole at step 4 (Adam moves a weight by about the rate a step, the
+    gradient constant); the language model's train from step 1."""
+    params = {"vision_encoder": {"kernel": jnp.ones((4, 4))}, "layer_0": {"kernel": jnp.ones((4, 4))}}
+    optimizer = optimizer_lib.build_optimizer(_config(precision=precision, lr=2.0**-4, warmup_steps=2, weight_decay=0.0,
+                                                      encoder_from_step=3))
+    params = jax.tree.map(lambda p: p.astype(optimizer.param_dtype), params)
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 1e-3, p.dtype), params)
+    state, moved, apply = optimizer.init(params), [], jax.jit(optimizer.apply)
+    for _ in range(4):
+        before = params
+        params, state = apply(grads, state, params)
+        moved.append({name: float(np.mean(np.asarray(before[name]["kernel"], np.float32) - np.asarray(params[name]["kernel"], np.float32)))
+                      for name in params})
+    rate = [min(step / 2, 1) * 2.0**-4 for step in (1, 2, 3, 4)]  # the run's warmup
+    np.testing.assert_allclose([m["layer_0"] for m in moved], rate, rtol=0.05)
+    np.testing.assert_allclose([m["vision_encoder"] for m in moved], [0, 0, rate[0], rate[1]], rtol=0.05, atol=1e-9)
+
+
+def test_without_a_later_encoder_step_the_optimizer_state_is_optax_adamw_s():
+    """A run without --vision-encoder-from-step keeps the state's tree its checkpoints have (clip, then AdamW)."""
+    params = {"vision_encoder": {"kernel": jnp.ones((4, 4))}, "layer_0": {"kernel": jnp.ones((4, 4))}}
+    plain = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optimizer_lib.learning_rate_schedule(_config()),
+                                                                    mask=optimizer_lib._decayed)).init(params)
+    assert jax.tree.structure(optimizer_lib.build_optimizer(_config()).init(params)) == jax.tree.structure(plain)

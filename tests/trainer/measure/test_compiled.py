@@ -215,7 +215,7 @@ class _RematLines:
     def __init__(self):
         self.compiles = []
 
-    def __call__(self, config, model_config, devices, *, num_slices=1):
+    def __call__(self, config, model_config, devices, *, num_slices=1, images_per_row=0):
         for remat in step.remat_candidates(config.remat):
             needed = int(self.BASE + self.PER_ROW[remat] * config.batch_size // config.grad_accum_steps)
             self.compiles.append((config.batch_size, remat))
@@ -265,7 +265,7 @@ def test_a_full_fine_tune_whose_float32_state_does_not_fit_is_compiled_again_lea
     compiles = []
     usable = {"bytes": 12 * GIB}
 
-    def state_bytes_compile(config, model_config, devices, *, num_slices=1):
+    def state_bytes_compile(config, model_config, devices, *, num_slices=1, images_per_row=0):
         compiles.append(config.precision)
         needed = int({"lean": 8, "lean-factored": 6}.get(config.precision, 16) * GIB)
         if needed > usable["bytes"]:
@@ -297,7 +297,7 @@ def test_a_float32_run_that_fits_is_compared_with_lean_factored(monkeypatch, v6e
     the compiler's bound (FLOPs here: 1.4 against 1.0 TFLOP); nothing is compiled for a run already lean or LoRA."""
     compiles, usable = [], {"bytes": 20 * GIB}
 
-    def precision_compile(config, model_config, devices, *, num_slices=1):
+    def precision_compile(config, model_config, devices, *, num_slices=1, images_per_row=0):
         compiles.append(config.precision)
         needed = {"float32": 16, "lean-factored": 6}.get(config.precision, 8) * GIB
         if needed > usable["bytes"]:
@@ -323,7 +323,7 @@ def test_a_refused_trainer_run_is_told_the_settings_that_fit_with_their_figures(
     flags: lean (9 GiB), 2 micro-batches (12 GiB), batch 4; the refusal it already has is not compiled again."""
     compiles = []
 
-    def state_and_rows(config, model_config, devices, *, num_slices=1):
+    def state_and_rows(config, model_config, devices, *, num_slices=1, images_per_row=0):
         compiles.append((config.precision, config.batch_size, config.grad_accum_steps))
         state = {"float32": 10, "lean": 5, "lean-factored": 4}[config.precision]
         needed = int((state + 0.5 * config.batch_size // config.grad_accum_steps) * GIB)
@@ -355,7 +355,7 @@ def test_with_accumulation_the_step_costs_the_whole_batch_and_holds_a_micro_batc
 class _MicroBatchLines(_RematLines):
     """_RematLines in the micro-batch's rows, plus the gradient sums (1 GiB) a step with accumulation keeps."""
 
-    def __call__(self, config, model_config, devices, *, num_slices=1):
+    def __call__(self, config, model_config, devices, *, num_slices=1, images_per_row=0):
         rows = config.batch_size // config.grad_accum_steps
         needed = int(self.BASE + self.PER_ROW["full"] * rows + (GIB if config.grad_accum_steps > 1 else 0))
         self.compiles.append((config.batch_size, config.grad_accum_steps))

@@ -33,7 +33,7 @@ from trainer import config as config_lib
 from trainer.errors import UserError
 from trainer.measure import flops, hbm_traffic, step_profile
 from trainer.model import models
-from trainer.run import hardware, hbm, mesh, step
+from trainer.run import compile_answers, hardware, hbm, mesh, step
 
 LORA_RANK = 16  # ours when no full fine-tune fits the chip
 # What ours trains, by --training: (precision, LoRA rank). auto takes the fastest full fine-tune the compiler fits
@@ -81,7 +81,7 @@ def make_side(name: str, model_config, inputs: inputs_lib.BenchInputs, *, seq_le
 
 def out_of_memory(error: Exception) -> bool:
     """The trainer's refusal (trainer.run.hbm), or the compiler's or the device's own (XLA's RESOURCE_EXHAUSTED)."""
-    return isinstance(error, hbm.MemoryRefusal) or hbm.out_of_memory(error)
+    return isinstance(error, hbm.MemoryRefusal) or compile_answers.out_of_memory(error)
 
 
 class DoesNotFit(Exception):

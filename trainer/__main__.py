@@ -27,9 +27,9 @@ def main(argv=None, *, started: float | None = None) -> int | None:
         print(f"trainer: {preempted}", file=sys.stderr)
         return contract.RETRY
     except jax.errors.JaxRuntimeError as error:
-        from trainer.run import hbm
+        from trainer.run import compile_answers, hbm
 
-        if not hbm.out_of_memory(error):
+        if not compile_answers.out_of_memory(error):
             raise
         raise UserError(f"out of device memory ({first_line(error)}); "
                         f"{hbm.advice(config, jax.device_count())}") from None

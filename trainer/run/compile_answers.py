@@ -265,7 +265,7 @@ def compile(lowered, *, what: str, devices):  # noqa: A001 (every compile of the
     try:
         entry = _answers_of(lowered.compile(options))
     except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" not in str(error):
+        if not out_of_memory(error):
             raise
         entry = {"refusal": str(error)}
     if path is not None:
@@ -286,9 +286,15 @@ def _executable(lowered, devices: list, options: dict[str, str]):
     try:
         return lowered.compile(options)
     except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" in str(error):
+        if out_of_memory(error):
             _keep(kept, str(error))
         raise
+
+
+def out_of_memory(error: Exception) -> bool:
+    """Whether XLA's error is for memory (RESOURCE_EXHAUSTED): the compiler's refusal of a program, or the
+    device's own at run time."""
+    return "RESOURCE_EXHAUSTED" in str(error)
 
 
 def kept_figures(lowered, devices) -> dict[str, float] | None:

@@ -46,12 +46,6 @@ _REFUSAL = re.compile(r"RESOURCE_EXHAUSTED.*?required for (?P<what>.+?) \((?P<re
                       r"\((?P<available>[\d.]+)G\)", re.S)
 
 
-def out_of_memory(error: Exception) -> bool:
-    """Whether XLA's error is for memory (RESOURCE_EXHAUSTED): the compiler's refusal of a program, or the
-    device's own at run time."""
-    return "RESOURCE_EXHAUSTED" in str(error)
-
-
 def memory_refusal(error: Exception) -> MemoryRefusal | None:
     """The memory refusal a failed compile carries, or None when it failed for another reason."""
     match = _REFUSAL.search(str(error))

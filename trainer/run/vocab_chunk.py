@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from trainer.nn import layers as layers_lib
 from trainer.nn import loss
 from trainer.run import mesh
-from trainer.run import hardware, hbm
+from trainer.run import hardware
 from trainer.run import compile_answers
 
 # Plain logits, then chunks of 2^16 down to 2^12 rows; those not below the vocabulary are left out.
@@ -129,7 +129,7 @@ def ranked(device_mesh, compute_dtype, *, tokens: int, embed_dim: int, vocab_siz
                 costs.append(head_cost(device_mesh, compute_dtype, tokens=tokens, embed_dim=embed_dim, vocab_size=vocab_size,
                                        chunk=chunk, softcap=softcap))
         except jax.errors.JaxRuntimeError as error:
-            if not hbm.out_of_memory(error):
+            if not compile_answers.out_of_memory(error):
                 raise
     return tuple(sorted(costs, key=lambda cost: (cost.roofline_s, cost.temporaries)))
 

@@ -66,6 +66,9 @@ class Cause:
     fix: str
 
 
+_NO_ANSWER = Cause("Cloud Storage did not answer", _NETWORK_FIX)  # no network, or none to storage.googleapis.com
+
+
 def is_bucket(path) -> bool:
     return str(path).startswith("gs://")
 
@@ -115,7 +118,7 @@ def cause_of(failure: BaseException, path, doing: str) -> Cause:
         return Cause("Cloud Storage refused the credentials", _CREDENTIALS_FIX.format(doing=doing))
     if isinstance(failure, (ConnectionError, TimeoutError)) or _module_is(failure, ("aiohttp",)) \
             or type(failure).__name__ in ("ConnectionError", "ConnectTimeout", "ReadTimeout"):
-        return Cause("Cloud Storage did not answer", _NETWORK_FIX)
+        return _NO_ANSWER
     if isinstance(failure, FileNotFoundError):
         missing = _missing_bucket(path)
         if missing is not None:
@@ -188,8 +191,7 @@ def check_reachable(flag: str, path, *, doing: str = READ, instead: str = "") ->
 
     unresolved = _storage_name_unresolved()
     if unresolved:
-        raise UserError(failure_line(flag, path, Cause("Cloud Storage did not answer", _NETWORK_FIX), doing=doing,
-                                     detail=unresolved, instead=instead))
+        raise UserError(failure_line(flag, path, _NO_ANSWER, doing=doing, detail=unresolved, instead=instead))
     with _one_line(flag, path, doing=doing, instead=instead):
         if epath.Path(path).exists():
             return

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import pathlib
 
+from trainer.data.chat import END_OF_IMAGE, END_OF_TURN, START_OF_IMAGE, START_OF_TURN
 from trainer.hf.tokenizer_json import tokenizer_json
 
-START_OF_TURN, END_OF_TURN = "<start_of_turn>", "<end_of_turn>"
-START_OF_IMAGE, END_OF_IMAGE, IMAGE_TOKEN = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+IMAGE_TOKEN = "<image_soft_token>"  # the name Gemma 3's tokenizer.json gives the image token
 
 # Gemma's turns; "assistant" is "model"; no system role: a system message opens the first user turn,
 # followed by a blank line. Content is rendered as written (the trainer trains on it so).
